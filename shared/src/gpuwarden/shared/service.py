@@ -1,0 +1,212 @@
+"""One lifecycle for every long-lived component, and the process runner of a service.
+
+``start()`` returns once the component is ready; ``stop()`` is safe before ``start()``
+and twice. :class:`Service` adds a producer, consumers with dead-lettering, background
+tasks and an HTTP endpoint with ``/healthz`` and Prometheus ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
+
+from .bus import Consumer, Handler, Producer
+from .metrics import ServiceMetrics
+from .settings import ServiceSettings
+
+__all__ = ["Lifecycle", "Service", "run_service", "HttpEndpoint"]
+
+log = logging.getLogger(__name__)
+
+
+class Lifecycle(Protocol):
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+class HttpEndpoint:
+    """aiohttp server with ``/healthz`` (JSON) and ``/metrics`` (Prometheus text)."""
+
+    def __init__(self, host: str, port: int, metrics: ServiceMetrics, health: Callable[[], dict[str, Any]]) -> None:
+        self.host, self.port = host, port
+        self._metrics = metrics
+        self._health = health
+        self._runner: web.AppRunner | None = None
+        self.extra_routes: list[web.RouteDef] = []
+
+    async def start(self) -> None:
+        if self._runner is not None:
+            return
+        app = web.Application()
+        app.add_routes([web.get("/healthz", self._healthz), web.get("/metrics", self._metrics_view),
+                        *self.extra_routes])
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port)
+        await site.start()
+        server = getattr(site, "_server", None)
+        if self.port == 0 and server is not None and server.sockets:
+            self.port = server.sockets[0].getsockname()[1]
+        self._runner = runner
+
+    async def stop(self) -> None:
+        r, self._runner = self._runner, None
+        if r is not None:
+            await r.cleanup()
+
+    async def _healthz(self, _: web.Request) -> web.Response:
+        body = self._health()
+        return web.json_response(body, status=200 if body.get("status") == "ok" else 503)
+
+    async def _metrics_view(self, _: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self._metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+class Service:
+    """Base of the six services. Subclasses set ``name``, call ``consume()``/``spawn()``
+    in ``on_start()`` and publish with ``self.publish()``."""
+
+    name = "service"
+
+    def __init__(self, settings: ServiceSettings, producer: Producer | None = None) -> None:
+        self.settings = settings
+        self.metrics = ServiceMetrics(self.name)
+        self.producer = producer or Producer(settings, self.metrics)
+        self.http = HttpEndpoint(settings.http_host, settings.http_port, self.metrics, self.health)
+        self._consumers: list[Consumer] = []
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._started = False
+        self.started_at: float | None = None
+        self.failed: BaseException | None = None
+
+    # -- lifecycle ---------------------------------------------------------------
+    async def start(self) -> None:
+        """Connect, start consumers and tasks; returns when ready. Raises on broker errors."""
+        if self._started:
+            return
+        self._started = True
+        self.started_at = time.time()
+        await self.http.start()
+        await self.producer.start()
+        await self.on_start()
+        for c in self._consumers:
+            await c.start()
+            self.spawn(c.run(), f"consume:{','.join(c.topics)}")
+        self.metrics.up.set(1)
+        log.info("%s started (pid %s), http://%s:%s/healthz", self.name, os.getpid(), self.http.host, self.http.port)
+
+    async def stop(self) -> None:
+        """Cancel tasks, commit offsets, flush the producer. Safe before start and twice."""
+        if not self._started:
+            return
+        self._started = False
+        tasks, self._tasks = self._tasks, []
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        for c in self._consumers:
+            await c.stop()
+        await self.on_stop()
+        await self.producer.stop()
+        await self.http.stop()
+        self.metrics.up.set(0)
+        log.info("%s stopped", self.name)
+
+    async def on_start(self) -> None:
+        """Hook: register consumers and tasks."""
+
+    async def on_stop(self) -> None:
+        """Hook: release resources (called before the producer is flushed)."""
+
+    def health(self) -> dict[str, Any]:
+        status = "ok" if self._started and self.failed is None else "failed" if self.failed else "stopped"
+        return {"service": self.name, "status": status, "pid": os.getpid(), "started_at": self.started_at,
+                "error": repr(self.failed) if self.failed else None}
+
+    # -- helpers -----------------------------------------------------------------
+    def consume(self, topics: list[str], handler: Handler, group: str | None = None) -> Consumer:
+        c = Consumer(
+            self.settings, self.name, topics,
+            group or self.settings.consumer_group or f"gpuwarden-{self.name}",
+            handler, self.producer, self.metrics, self.settings.auto_offset_reset,
+        )
+        self._consumers.append(c)
+        return c
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(self._guard(coro, name), name=f"{self.name}:{name}")
+        self._tasks.append(task)
+        return task
+
+    async def _guard(self, coro: Awaitable[Any], name: str) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("%s: task %s crashed", self.name, name)
+            self.failed = exc
+            self.metrics.errors.labels("task").inc()
+            raise
+
+    async def publish(self, topic: str, key: str | None, value: BaseModel) -> None:
+        await self.producer.publish(topic, key, value)
+
+    async def wait_failed(self) -> BaseException:
+        """Wait until a background task has crashed; returns its exception."""
+        while True:
+            for t in list(self._tasks):
+                if t.done() and not t.cancelled() and t.exception() is not None:
+                    exc = t.exception()
+                    assert exc is not None
+                    return exc
+            await asyncio.sleep(0.5)
+
+
+async def _serve(service: Lifecycle, ready: Callable[[], None] | None = None) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await service.start()
+    if ready:
+        ready()
+    waiters = [asyncio.create_task(stop.wait())]
+    if isinstance(service, Service):
+        waiters.append(asyncio.create_task(service.wait_failed()))
+    done, pending = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    for p in pending:
+        p.cancel()
+    rc = 0
+    for d in done:
+        if not d.cancelled() and isinstance(d.result(), BaseException):
+            log.error("stopping after a crash: %r", d.result())
+            rc = 1
+    await service.stop()
+    return rc
+
+
+def run_service(factory: Callable[[], Lifecycle], log_level: str = "INFO") -> int:
+    """Run a service until SIGTERM/SIGINT (graceful: commit offsets, flush producers).
+
+    Returns the process exit code: 0 after a signal, 1 after a task crashed.
+    """
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper(), logging.INFO),
+        format=f"%(asctime)s %(levelname)s [{socket.gethostname()}:%(process)d] %(name)s: %(message)s",
+    )
+    return asyncio.run(_serve(factory()))
