@@ -19,7 +19,19 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["TansuBroker", "ApacheKafka", "free_port", "wait_port", "BrokerError"]
+__all__ = ["TansuBroker", "ApacheKafka", "free_port", "wait_port", "BrokerError", "die_with_parent"]
+
+
+def die_with_parent() -> None:
+    """``preexec_fn`` for child processes: Linux sends SIGTERM to the child when its parent
+    dies (PR_SET_PDEATHSIG), so even a SIGKILLed demo leaves no process behind."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except OSError:
+        pass
 
 
 class BrokerError(RuntimeError):
@@ -85,6 +97,7 @@ class TansuBroker:
              "--advertised-listener-url", f"tcp://{self.host}:{self.port}",
              "--storage-engine", "memory://tansu/"],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         try:
             wait_port(self.host, self.port, timeout_s, self.proc)

@@ -103,7 +103,10 @@ def broker(port: Annotated[int | None, typer.Option(help="Port (default: a free 
 
 def load_plugins() -> list[str]:
     """Add the commands of installed services (entry points ``gpuwarden.commands``)."""
-    names = []
+    names: list[str] = []
+    if getattr(app, "_plugins_loaded", False):
+        return names
+    app._plugins_loaded = True  # type: ignore[attr-defined]
     for ep in sorted(entry_points(group="gpuwarden.commands"), key=lambda e: e.name):
         try:
             sub = ep.load()

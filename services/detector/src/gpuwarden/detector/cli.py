@@ -1,0 +1,43 @@
+"""``gpuwarden detector``: run the detector, or check a catalog file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="Detector: attributed GPU events and samples -> failures (catalog rules).",
+                  invoke_without_command=True, no_args_is_help=False)
+
+
+@app.callback()
+def run(ctx: typer.Context) -> None:
+    """Run the detector service until SIGTERM/Ctrl-C (settings from GPUWARDEN_* variables)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from gpuwarden.shared.service import run_service
+
+    from .service import DetectorService, DetectorSettings
+
+    s = DetectorSettings()
+    raise typer.Exit(run_service(lambda: DetectorService(s), s.log_level))
+
+
+@app.command("check-catalog")
+def check_catalog(path: Annotated[Path | None, typer.Argument(help="Catalog YAML (default: shipped)")] = None) -> None:
+    """Load and validate a failure catalog; print its rules."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .catalog import CatalogError, load_catalog
+
+    try:
+        cat = load_catalog(path)
+    except (CatalogError, OSError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    t = Table("rule", "pattern", "match", "severity", "action")
+    for r in cat.rules:
+        t.add_row(r.id, r.pattern, f"{r.match.event} {r.match.codes}", r.severity.value, r.action.value)
+    Console().print(t)

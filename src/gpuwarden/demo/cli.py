@@ -1,0 +1,160 @@
+"""``gpuwarden demo`` and ``gpuwarden simulate``: the whole pipeline on a simulated fleet."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from importlib.resources import files
+from pathlib import Path
+from typing import Annotated
+
+import orjson
+import typer
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+
+from gpuwarden.shared.models import Failure
+from gpuwarden.shared.scenario import load_scenario
+
+from .runner import Pipeline
+
+console = Console()
+DEMO_SCENARIO = files(__package__).joinpath("scenarios", "demo-xid79.yaml")
+
+
+def _view(p: Pipeline) -> Group:
+    r = p.result
+    t = Table(title=f"gpuwarden - {p.scenario.name}", expand=False)
+    t.add_column("service")
+    t.add_column("pid", justify="right")
+    t.add_column("state")
+    t.add_column("ready at (s)", justify="right")
+    for sp in p.procs:
+        state = "[green]running[/]" if sp.alive else f"[red]exited {sp.proc.returncode if sp.proc else ''}[/]"
+        t.add_row(sp.name, str(sp.proc.pid if sp.proc else "-"), state, str(sp.ready_s or "-"))
+    c = r.counts
+    flow = Table.grid(padding=(0, 2))
+    sim_t = max(0.0, (time.time() - r.sim_start) * p.speed) if r.sim_start and p.phase == "running" else 0.0
+    flow.add_row("phase", p.phase)
+    flow.add_row("elapsed", f"{time.time() - r.started_wall:5.1f} s wall, scenario t={sim_t:5.1f} s")
+    flow.add_row("gpu.samples", f"{c.get('gpu.samples', 0)} node samples "
+                                f"(-> gpu.attributed {c.get('gpu.attributed', 0)})")
+    flow.add_row("gpu.events", f"{c.get('gpu.events', 0)} (-> attributed {c.get('gpu.events.attributed', 0)})")
+    flow.add_row("slurm", f"jobs {c.get('slurm.jobs', 0)}, nodes {c.get('slurm.nodes', 0)}")
+    flow.add_row("failures", f"[bold]{len(r.failures)}[/]  remediations {len(r.remediations)}  "
+                             f"dead-lettered {len(r.deadletters)}")
+    return Group(t, Panel(flow, title="pipeline"))
+
+
+def _failure_panel(f: Failure, sim_start: float) -> Panel:
+    g = Table.grid(padding=(0, 2))
+    g.add_row("pattern", f"[bold red]{f.pattern}[/] ({f.rule_id}, {f.severity.value})")
+    g.add_row("where", f"node {f.node}, GPU {f.gpu_index} (PCI {f.pci_bus_id}, {f.gpu_uuid or 'uuid unknown'})")
+    g.add_row("job", f"{f.job_id} user {f.user} partition {f.partition}" if f.job_id else "none")
+    g.add_row("first seen", f"t={f.first_seen - sim_start:.1f} s into the scenario")
+    g.add_row("verdict", f.verdict)
+    for e in f.evidence[:3]:
+        g.add_row("evidence", f"{e.signal}={e.value} {e.unit or ''} at t={e.ts - sim_start:.1f}s: {e.source}")
+    g.add_row("cost", f"{f.cost.affected_gpus} GPUs, ${f.cost.usd_per_hour:.2f}/h, "
+                      f"{f.cost.gpu_hours_lost:.3f} GPU-h lost so far")
+    g.add_row("action", f.recommended_action.value)
+    for c in f.cannot_determine:
+        g.add_row("cannot tell", c)
+    return Panel(g, title="failure")
+
+
+async def _run(p: Pipeline, report: Path | None, until_found: bool, live: bool, max_wall_s: float) -> int:
+    rc = 1
+    with Live(_view(p), console=console, refresh_per_second=4, transient=False, auto_refresh=live) as lv:
+        try:
+            await p.start(on_phase=lambda _: lv.update(_view(p)))
+            end_scenario = p.result.sim_start + p.scenario.duration_s / p.speed
+            deadline = time.time() + max_wall_s
+            while True:
+                await p.poll()
+                lv.update(_view(p))
+                dead = [sp for sp in p.crashed()]
+                if dead:
+                    p.phase = f"[red]{dead[0].name} exited[/]"
+                    console.print(f"[red]{dead[0].name} exited:[/]\n{dead[0].log_tail()}")
+                    break
+                if until_found and p.done():
+                    await asyncio.sleep(0.5)
+                    await p.poll()
+                    p.phase = "done"
+                    break
+                if time.time() > end_scenario + 5 or time.time() > deadline:
+                    p.phase = "scenario finished"
+                    break
+            lv.update(_view(p))
+        finally:
+            p.phase = "stopping services"
+            await p.stop()
+            lv.update(_view(p))
+    rep = p.result.report()
+    for f in sorted(p.result.failures.values(), key=lambda f: f.first_seen):
+        console.print(_failure_panel(f, p.result.sim_start))
+    for r in p.result.remediations:
+        colour = "green" if r.decision.value in ("executed", "dry-run") else "yellow"
+        console.print(Panel(f"[{colour}]{r.decision.value}[/] {r.action.value} {r.node}: {r.reason}\n"
+                            f"argv: {r.argv}", title="drain decision"))
+    sc = rep["score"]
+    console.print(f"score: {len(sc['found'])}/{sc['expected']} expected found, {len(sc['missed'])} missed, "
+                  f"{len(sc['false_positives'])} false positives; time to first failure "
+                  f"{rep['stats']['time_to_first_failure_s']} s; logs in {p.workdir / 'logs'}")
+    if report:
+        report.write_bytes(orjson.dumps(rep, option=orjson.OPT_INDENT_2))
+        console.print(f"report written to {report}")
+    if sc["passed"]:
+        rc = 0
+    return rc
+
+
+def _go(scenario: Path, report: Path | None, speed: float, bootstrap: str | None, until_found: bool,
+        max_wall_s: float, enforce: bool, live: bool) -> None:
+    try:
+        sc = load_scenario(scenario)
+    except (OSError, ValueError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    p = Pipeline(Path(scenario), sc, speed=speed, bootstrap_servers=bootstrap, enforce=enforce)
+    try:
+        rc = asyncio.run(_run(p, report, until_found, live, max_wall_s))
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: services stopped[/]")
+        raise typer.Exit(130) from None
+    except RuntimeError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(1) from exc
+    raise typer.Exit(rc)
+
+
+Bootstrap = Annotated[str | None, typer.Option(envvar="GPUWARDEN_BOOTSTRAP_SERVERS",
+                                               help="Use this Kafka instead of the embedded broker")]
+
+
+def demo(
+    report: Annotated[Path | None, typer.Option(help="Write the JSON report (DESIGN section 6) here")] = None,
+    speed: Annotated[float, typer.Option(min=0.1, max=50, help="Scenario seconds per wall second")] = 1.0,
+    bootstrap_servers: Bootstrap = None,
+    live: Annotated[bool, typer.Option(help="Refresh the live view (off: print it on change only)")] = True,
+) -> None:
+    """Simulated 8-node H100 fleet, one training job, XID 79 on one GPU: find it, attribute it, drain the node."""
+    with DEMO_SCENARIO.open("rb"):  # fail early if the package data is missing
+        pass
+    _go(Path(str(DEMO_SCENARIO)), report, speed, bootstrap_servers, until_found=True, max_wall_s=300,
+        enforce=True, live=live)
+
+
+def simulate(
+    scenario: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Scenario YAML (DESIGN section 6)")],
+    report: Annotated[Path | None, typer.Option(help="Write the JSON report here")] = None,
+    speed: Annotated[float, typer.Option(min=0.1, max=50, help="Scenario seconds per wall second")] = 1.0,
+    bootstrap_servers: Bootstrap = None,
+    enforce: Annotated[bool, typer.Option(help="Let the remediator drain nodes of the simulated Slurm")] = True,
+    live: Annotated[bool, typer.Option(help="Refresh the live view")] = True,
+) -> None:
+    """Run a scenario through the whole pipeline and score it (exit 0 when every expectation is met)."""
+    _go(scenario, report, speed, bootstrap_servers, until_found=False, max_wall_s=3600, enforce=enforce, live=live)

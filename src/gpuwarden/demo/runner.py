@@ -1,0 +1,346 @@
+"""Run the six services as separate processes on a simulated fleet and collect the outcome.
+
+:class:`Pipeline` starts (or reuses) a broker, creates the topics, starts the consumers
+first (correlator, detector, otlp-bridge, remediator), waits until each answers
+``/healthz``, then fixes the scenario's start time and starts the simulated sources
+(collector, slurm-watcher). A reader in this process follows ``failures``,
+``remediations`` and ``deadletter`` (and counts the sample topics) to build the DESIGN
+section 6 report. Every child gets PR_SET_PDEATHSIG, so nothing outlives the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer
+from pydantic import ValidationError
+
+from gpuwarden.shared.brokers import TansuBroker, die_with_parent, free_port
+from gpuwarden.shared.models import Failure, Remediation
+from gpuwarden.shared.scenario import Scenario
+from gpuwarden.shared.topics import create_topics
+
+__all__ = ["Pipeline", "RunResult", "ServiceProc", "score", "SERVICES"]
+
+# (service name, python module); consumers first, simulated sources last
+CONSUMERS = [("correlator", "gpuwarden.correlator"), ("detector", "gpuwarden.detector"),
+             ("otlp-bridge", "gpuwarden.otlp_bridge"), ("remediator", "gpuwarden.remediator")]
+SOURCES = [("slurm-watcher", "gpuwarden.slurm_watcher"), ("collector", "gpuwarden.collector")]
+SERVICES = [n for n, _ in CONSUMERS + SOURCES]
+
+
+@dataclass
+class ServiceProc:
+    name: str
+    module: str
+    port: int
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+    ready_s: float | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=0.5) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    def log_tail(self, n: int = 15) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class RunResult:
+    """Everything a run observed: failures (latest version of each), remediations, counters."""
+
+    scenario: Scenario
+    sim_start: float = 0.0
+    started_wall: float = field(default_factory=time.time)
+    failures: dict[str, Failure] = field(default_factory=dict)
+    failure_seen_wall: dict[str, float] = field(default_factory=dict)
+    remediations: list[Remediation] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    deadletters: list[dict[str, Any]] = field(default_factory=list)
+    ready_s: dict[str, float] = field(default_factory=dict)
+
+    def report(self) -> dict[str, Any]:
+        """The DESIGN section 6 report (``first_seen_s`` = seconds since scenario start)."""
+        fails = sorted(self.failures.values(), key=lambda f: (f.first_seen, f.node, f.gpu_index or -1))
+        first_wall = min(self.failure_seen_wall.values(), default=None)
+        return {
+            "scenario": self.scenario.name,
+            "failures": [
+                {
+                    "pattern": f.pattern, "rule_id": f.rule_id, "node": f.node, "gpu_index": f.gpu_index,
+                    "job_id": f.job_id, "first_seen_s": round(f.first_seen - self.sim_start, 3),
+                    "severity": f.severity.value, "recommended_action": f.recommended_action.value,
+                    "evidence": [e.model_dump(mode="json") for e in f.evidence],
+                    "failure_id": f.failure_id, "verdict": f.verdict, "cost": f.cost.model_dump(mode="json"),
+                }
+                for f in fails
+            ],
+            "remediations": [
+                {"node": r.node, "action": r.action.value, "dry_run": r.dry_run, "reason": r.reason,
+                 "decision": r.decision.value, "argv": r.argv, "failure_ids": r.failure_ids}
+                for r in self.remediations
+            ],
+            "score": score(self.scenario, fails, self.sim_start),
+            "stats": {
+                **self.counts,
+                "deadlettered": len(self.deadletters),
+                "wall_s": round(time.time() - self.started_wall, 2),
+                "time_to_first_failure_s": round(first_wall - self.started_wall, 2) if first_wall else None,
+                "service_ready_s": self.ready_s,
+            },
+        }
+
+
+def score(scenario: Scenario, failures: list[Failure], sim_start: float) -> dict[str, Any]:
+    """Match failures against ``expect``/``allow`` (DESIGN section 6).
+
+    An expectation is found by the earliest failure of its pattern (and node, gpu, job when
+    given) whose ``first_seen`` lies within ``within_s`` of the fault's ``at_s`` (or the job's
+    ``start_s``). Failures matching no expectation and not in ``allow`` are false positives;
+    repeats of a found failure count neither way.
+    """
+    found, missed, used = [], [], set()
+    for exp in scenario.expect:
+        origin = _origin(scenario, exp)
+        hit = None
+        for f in failures:
+            if f.pattern != exp.pattern or (exp.node and f.node != exp.node):
+                continue
+            if exp.gpu is not None and f.gpu_index != exp.gpu:
+                continue
+            if exp.job is not None and f.job_id != str(exp.job):
+                continue
+            delay = f.first_seen - sim_start - origin
+            if -1.0 <= delay <= exp.within_s:
+                hit = (f, delay)
+                break
+        row = exp.model_dump(exclude_none=True)
+        if hit:
+            used.add((hit[0].pattern, hit[0].node, hit[0].gpu_index))
+            found.append({**row, "delay_s": round(hit[1], 3), "failure_id": hit[0].failure_id})
+        else:
+            missed.append(row)
+    found_keys = {(k[0], k[1]) for k in used}
+    fps = [
+        {"pattern": f.pattern, "node": f.node, "gpu_index": f.gpu_index, "failure_id": f.failure_id}
+        for f in failures
+        if f.pattern not in scenario.allow and (f.pattern, f.node) not in found_keys
+    ]
+    return {"expected": len(scenario.expect), "found": found, "missed": missed, "false_positives": fps,
+            "passed": not missed and not fps}
+
+
+def _origin(scenario: Scenario, exp: Any) -> float:
+    for fault in scenario.faults:
+        if exp.node in (None, fault.node) and (exp.gpu is None or fault.gpu in (None, exp.gpu)):
+            return fault.at_s
+    for job in scenario.jobs:
+        if exp.job is not None and str(job.id) == str(exp.job):
+            return job.start_s
+    return 0.0
+
+
+class Pipeline:
+    """The six services, a broker and a reader, for one scenario run.
+
+    Args:
+        scenario_path: the scenario YAML (already validated into ``scenario``).
+        speed: scenario seconds per wall second.
+        bootstrap_servers: an existing Kafka; None starts the embedded Tansu broker.
+        partitions: partitions per topic when this run creates the topics.
+        workdir: logs and the simulated Slurm state (default: a temp dir).
+        enforce: the remediator drains in the simulated Slurm (never a real one here).
+    """
+
+    def __init__(self, scenario_path: Path, scenario: Scenario, speed: float = 1.0,
+                 bootstrap_servers: str | None = None, partitions: int = 2, workdir: Path | None = None,
+                 enforce: bool = True, log_level: str = "INFO") -> None:
+        self.scenario_path = scenario_path.resolve()
+        self.scenario = scenario
+        self.speed = speed
+        self.bootstrap = bootstrap_servers
+        self.partitions = partitions
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="gpuwarden-run-"))
+        self.enforce = enforce
+        self.log_level = log_level
+        self.prefix = f"gpuwarden.run{os.getpid()}x{int(time.time()) % 100000}."
+        self.broker: TansuBroker | None = None
+        self.procs: list[ServiceProc] = []
+        self.result = RunResult(scenario)
+        self._reader: AIOKafkaConsumer | None = None
+        self.phase = "starting"
+
+    # -- environment --------------------------------------------------------------------
+    def _env(self, name: str, port: int) -> dict[str, str]:
+        sc, state = str(self.scenario_path), str(self.workdir / "slurm-state.json")
+        env = {
+            **os.environ,
+            "GPUWARDEN_BOOTSTRAP_SERVERS": self.bootstrap or "",
+            "GPUWARDEN_TOPIC_PREFIX": self.prefix,
+            "GPUWARDEN_HTTP_PORT": str(port),
+            "GPUWARDEN_LOG_LEVEL": self.log_level,
+            "GPUWARDEN_SIM_SPEED": str(self.speed),
+            "GPUWARDEN_SIM_START": str(self.result.sim_start),
+            "PYTHONUNBUFFERED": "1",
+        }
+        per = {
+            "collector": {"GPUWARDEN_COLLECTOR_SOURCE": "simulated", "GPUWARDEN_COLLECTOR_SCENARIO": sc},
+            "slurm-watcher": {"GPUWARDEN_SLURM_WATCHER_BACKEND": "simulated", "GPUWARDEN_SLURM_WATCHER_SCENARIO": sc,
+                              "GPUWARDEN_SLURM_WATCHER_STATE_FILE": state, "GPUWARDEN_SLURM_WATCHER_POLL_S": "0.5"},
+            "remediator": {"GPUWARDEN_REMEDIATOR_BACKEND": "simulated", "GPUWARDEN_REMEDIATOR_SCENARIO": sc,
+                           "GPUWARDEN_REMEDIATOR_STATE_FILE": state,
+                           "GPUWARDEN_REMEDIATOR_ENFORCE": "true" if self.enforce else "false"},
+            "detector": {"GPUWARDEN_DETECTOR_PRICE_USD_PER_GPU_HOUR":
+                         str(self.scenario.cluster.price_usd_per_gpu_hour)},
+            "correlator": {"GPUWARDEN_CORRELATOR_DATA_DIR": str(self.workdir / "correlator")},
+            "otlp-bridge": {},
+        }
+        env.update(per.get(name, {}))
+        return env
+
+    def _spawn(self, name: str, module: str) -> ServiceProc:
+        port = free_port()
+        sp = ServiceProc(name, module, port, self.workdir / "logs" / f"{name}.log")
+        sp.log.parent.mkdir(parents=True, exist_ok=True)
+        out = open(sp.log, "ab")  # noqa: SIM115 - handed to the child
+        sp.proc = subprocess.Popen([sys.executable, "-m", module], env=self._env(name, port), stdin=subprocess.DEVNULL,
+                                   stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+        out.close()
+        self.procs.append(sp)
+        return sp
+
+    # -- run ----------------------------------------------------------------------------
+    async def start(self, on_phase: Callable[[str], None] | None = None) -> None:
+        """Broker, topics, consumers (wait healthy), then the simulated sources.
+
+        Raises:
+            RuntimeError: a service exited or did not become healthy within 120 s.
+        """
+        t0 = self.result.started_wall
+
+        def phase(p: str) -> None:
+            self.phase = p
+            if on_phase:
+                on_phase(p)
+
+        if not self.bootstrap:
+            phase("starting embedded broker (Tansu)")
+            self.broker = TansuBroker(log_path=self.workdir / "broker.log")
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            self.bootstrap = await asyncio.to_thread(self.broker.start)
+        phase(f"creating topics on {self.bootstrap}")
+        await create_topics(self.bootstrap, self.prefix, partitions=self.partitions)
+        await self._start_reader()
+        phase("starting correlator, detector, otlp-bridge, remediator")
+        self.result.sim_start = time.time() + 3600  # placeholder; the sources get the real start below
+        for name, module in CONSUMERS:
+            self._spawn(name, module)
+        await self._wait_healthy(self.procs, t0)
+        self.result.sim_start = time.time() + 0.5
+        phase("starting slurm-watcher and collector (scenario clock running)")
+        started = [self._spawn(n, m) for n, m in SOURCES]
+        await self._wait_healthy(started, t0)
+        phase("running")
+
+    async def _wait_healthy(self, procs: list[ServiceProc], t0: float, timeout_s: float = 120) -> None:
+        end = time.monotonic() + timeout_s
+        pending = list(procs)
+        while pending:
+            for sp in list(pending):
+                if not sp.alive:
+                    raise RuntimeError(f"{sp.name} exited during start-up:\n{sp.log_tail()}")
+                if await asyncio.to_thread(sp.healthy):
+                    sp.ready_s = round(time.time() - t0, 2)
+                    self.result.ready_s[sp.name] = sp.ready_s
+                    pending.remove(sp)
+            if time.monotonic() > end:
+                raise RuntimeError(f"not healthy within {timeout_s}s: {[p.name for p in pending]}")
+            await asyncio.sleep(0.2)
+
+    async def _start_reader(self) -> None:
+        names = ["failures", "remediations", "deadletter", "gpu.samples", "gpu.events", "gpu.attributed",
+                 "gpu.events.attributed", "slurm.jobs", "slurm.nodes"]
+        self._topics = {f"{self.prefix}{n}": n for n in names}
+        self._reader = AIOKafkaConsumer(*self._topics, bootstrap_servers=self.bootstrap, group_id=None,
+                                        auto_offset_reset="earliest", fetch_max_wait_ms=100)
+        await self._reader.start()
+
+    async def poll(self) -> None:
+        """Read what the pipeline produced since the last call into ``self.result``."""
+        assert self._reader is not None
+        batches = await self._reader.getmany(timeout_ms=100, max_records=5000)
+        for tp, recs in batches.items():
+            short = self._topics.get(tp.topic, tp.topic)
+            self.result.counts[short] = self.result.counts.get(short, 0) + len(recs)
+            for r in recs:
+                try:
+                    if short == "failures":
+                        f = Failure.model_validate_json(r.value)
+                        self.result.failures[f.failure_id] = f
+                        self.result.failure_seen_wall.setdefault(f.failure_id, time.time())
+                    elif short == "remediations":
+                        self.result.remediations.append(Remediation.model_validate_json(r.value))
+                    elif short == "deadletter":
+                        self.result.deadletters.append(orjson.loads(r.value))
+                except (ValidationError, orjson.JSONDecodeError):
+                    self.result.counts["unreadable"] = self.result.counts.get("unreadable", 0) + 1
+
+    def crashed(self) -> list[ServiceProc]:
+        return [sp for sp in self.procs if not sp.alive]
+
+    def done(self) -> bool:
+        """All expectations found, and every found drain-type failure has a remediation decision."""
+        sc = score(self.scenario, list(self.result.failures.values()), self.result.sim_start)
+        if not self.scenario.expect or sc["missed"]:
+            return False
+        decided = {fid for r in self.result.remediations for fid in r.failure_ids}
+        needs = [f["failure_id"] for f in sc["found"]
+                 if self.result.failures[f["failure_id"]].recommended_action.value in ("drain", "reboot", "rma",
+                                                                                         "reset-gpu")]
+        return all(fid in decided for fid in needs)
+
+    async def stop(self) -> None:
+        """SIGTERM every service (sources first), wait, SIGKILL stragglers, stop the broker."""
+        if self._reader is not None:
+            with contextlib.suppress(Exception):
+                await self._reader.stop()
+            self._reader = None
+        for sp in reversed(self.procs):
+            if sp.alive and sp.proc is not None:
+                sp.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for sp in reversed(self.procs):
+            if sp.proc is None:
+                continue
+            try:
+                await asyncio.to_thread(sp.proc.wait, max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                sp.proc.kill()
+                await asyncio.to_thread(sp.proc.wait, 5)
+        if self.broker is not None:
+            await asyncio.to_thread(self.broker.stop)
+            self.broker = None
