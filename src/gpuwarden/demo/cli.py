@@ -39,12 +39,15 @@ def _view(p: Pipeline) -> Group:
     sim_t = max(0.0, (time.time() - r.sim_start) * p.speed) if r.sim_start and p.phase == "running" else 0.0
     flow.add_row("phase", p.phase)
     flow.add_row("elapsed", f"{time.time() - r.started_wall:5.1f} s wall, scenario t={sim_t:5.1f} s")
-    flow.add_row("gpu.samples", f"{c.get('gpu.samples', 0)} node samples "
-                                f"(-> gpu.attributed {c.get('gpu.attributed', 0)})")
+    flow.add_row(
+        "gpu.samples", f"{c.get('gpu.samples', 0)} node samples (-> gpu.attributed {c.get('gpu.attributed', 0)})"
+    )
     flow.add_row("gpu.events", f"{c.get('gpu.events', 0)} (-> attributed {c.get('gpu.events.attributed', 0)})")
     flow.add_row("slurm", f"jobs {c.get('slurm.jobs', 0)}, nodes {c.get('slurm.nodes', 0)}")
-    flow.add_row("failures", f"[bold]{len(r.failures)}[/]  remediations {len(r.remediations)}  "
-                             f"dead-lettered {len(r.deadletters)}")
+    flow.add_row(
+        "failures",
+        f"[bold]{len(r.failures)}[/]  remediations {len(r.remediations)}  dead-lettered {len(r.deadletters)}",
+    )
     return Group(t, Panel(flow, title="pipeline"))
 
 
@@ -57,8 +60,10 @@ def _failure_panel(f: Failure, sim_start: float) -> Panel:
     g.add_row("verdict", f.verdict)
     for e in f.evidence[:3]:
         g.add_row("evidence", f"{e.signal}={e.value} {e.unit or ''} at t={e.ts - sim_start:.1f}s: {e.source}")
-    g.add_row("cost", f"{f.cost.affected_gpus} GPUs, ${f.cost.usd_per_hour:.2f}/h, "
-                      f"{f.cost.gpu_hours_lost:.3f} GPU-h lost so far")
+    g.add_row(
+        "cost",
+        f"{f.cost.affected_gpus} GPUs, ${f.cost.usd_per_hour:.2f}/h, {f.cost.gpu_hours_lost:.3f} GPU-h lost so far",
+    )
     g.add_row("action", f.recommended_action.value)
     for c in f.cannot_determine:
         g.add_row("cannot tell", c)
@@ -98,12 +103,18 @@ async def _run(p: Pipeline, report: Path | None, until_found: bool, live: bool, 
         console.print(_failure_panel(f, p.result.sim_start))
     for r in p.result.remediations:
         colour = "green" if r.decision.value in ("executed", "dry-run") else "yellow"
-        console.print(Panel(f"[{colour}]{r.decision.value}[/] {r.action.value} {r.node}: {r.reason}\n"
-                            f"argv: {r.argv}", title="drain decision"))
+        console.print(
+            Panel(
+                f"[{colour}]{r.decision.value}[/] {r.action.value} {r.node}: {r.reason}\nargv: {r.argv}",
+                title="drain decision",
+            )
+        )
     sc = rep["score"]
-    console.print(f"score: {len(sc['found'])}/{sc['expected']} expected found, {len(sc['missed'])} missed, "
-                  f"{len(sc['false_positives'])} false positives; time to first failure "
-                  f"{rep['stats']['time_to_first_failure_s']} s; logs in {p.workdir / 'logs'}")
+    console.print(
+        f"score: {len(sc['found'])}/{sc['expected']} expected found, {len(sc['missed'])} missed, "
+        f"{len(sc['false_positives'])} false positives; time to first failure "
+        f"{rep['stats']['time_to_first_failure_s']} s; logs in {p.workdir / 'logs'}"
+    )
     if report:
         report.write_bytes(orjson.dumps(rep, option=orjson.OPT_INDENT_2))
         console.print(f"report written to {report}")
@@ -112,8 +123,16 @@ async def _run(p: Pipeline, report: Path | None, until_found: bool, live: bool, 
     return rc
 
 
-def _go(scenario: Path, report: Path | None, speed: float, bootstrap: str | None, until_found: bool,
-        max_wall_s: float, enforce: bool, live: bool) -> None:
+def _go(
+    scenario: Path,
+    report: Path | None,
+    speed: float,
+    bootstrap: str | None,
+    until_found: bool,
+    max_wall_s: float,
+    enforce: bool,
+    live: bool,
+) -> None:
     try:
         sc = load_scenario(scenario)
     except (OSError, ValueError) as exc:
@@ -131,8 +150,9 @@ def _go(scenario: Path, report: Path | None, speed: float, bootstrap: str | None
     raise typer.Exit(rc)
 
 
-Bootstrap = Annotated[str | None, typer.Option(envvar="GPUWARDEN_BOOTSTRAP_SERVERS",
-                                               help="Use this Kafka instead of the embedded broker")]
+Bootstrap = Annotated[
+    str | None, typer.Option(envvar="GPUWARDEN_BOOTSTRAP_SERVERS", help="Use this Kafka instead of the embedded broker")
+]
 
 
 def demo(
@@ -144,8 +164,16 @@ def demo(
     """Simulated 8-node H100 fleet, one training job, XID 79 on one GPU: find it, attribute it, drain the node."""
     with DEMO_SCENARIO.open("rb"):  # fail early if the package data is missing
         pass
-    _go(Path(str(DEMO_SCENARIO)), report, speed, bootstrap_servers, until_found=True, max_wall_s=300,
-        enforce=True, live=live)
+    _go(
+        Path(str(DEMO_SCENARIO)),
+        report,
+        speed,
+        bootstrap_servers,
+        until_found=True,
+        max_wall_s=300,
+        enforce=True,
+        live=live,
+    )
 
 
 def simulate(

@@ -33,11 +33,24 @@ from gpuwarden.shared.models import Failure, Remediation
 from gpuwarden.shared.scenario import Scenario
 from gpuwarden.shared.topics import create_topics
 
-__all__ = ["Pipeline", "RunResult", "ServiceProc", "score", "SERVICES"]
+__all__ = [
+    "SERVICES",
+    "Pipeline",
+    "RunResult",
+    "ServiceProc",
+    "score",
+    "spawn_service",
+    "stop_services",
+    "wait_healthy",
+]
 
 # (service name, python module); consumers first, simulated sources last
-CONSUMERS = [("correlator", "gpuwarden.correlator"), ("detector", "gpuwarden.detector"),
-             ("otlp-bridge", "gpuwarden.otlp_bridge"), ("remediator", "gpuwarden.remediator")]
+CONSUMERS = [
+    ("correlator", "gpuwarden.correlator"),
+    ("detector", "gpuwarden.detector"),
+    ("otlp-bridge", "gpuwarden.otlp_bridge"),
+    ("remediator", "gpuwarden.remediator"),
+]
 SOURCES = [("slurm-watcher", "gpuwarden.slurm_watcher"), ("collector", "gpuwarden.collector")]
 SERVICES = [n for n, _ in CONSUMERS + SOURCES]
 
@@ -91,17 +104,31 @@ class RunResult:
             "scenario": self.scenario.name,
             "failures": [
                 {
-                    "pattern": f.pattern, "rule_id": f.rule_id, "node": f.node, "gpu_index": f.gpu_index,
-                    "job_id": f.job_id, "first_seen_s": round(f.first_seen - self.sim_start, 3),
-                    "severity": f.severity.value, "recommended_action": f.recommended_action.value,
+                    "pattern": f.pattern,
+                    "rule_id": f.rule_id,
+                    "node": f.node,
+                    "gpu_index": f.gpu_index,
+                    "job_id": f.job_id,
+                    "first_seen_s": round(f.first_seen - self.sim_start, 3),
+                    "severity": f.severity.value,
+                    "recommended_action": f.recommended_action.value,
                     "evidence": [e.model_dump(mode="json") for e in f.evidence],
-                    "failure_id": f.failure_id, "verdict": f.verdict, "cost": f.cost.model_dump(mode="json"),
+                    "failure_id": f.failure_id,
+                    "verdict": f.verdict,
+                    "cost": f.cost.model_dump(mode="json"),
                 }
                 for f in fails
             ],
             "remediations": [
-                {"node": r.node, "action": r.action.value, "dry_run": r.dry_run, "reason": r.reason,
-                 "decision": r.decision.value, "argv": r.argv, "failure_ids": r.failure_ids}
+                {
+                    "node": r.node,
+                    "action": r.action.value,
+                    "dry_run": r.dry_run,
+                    "reason": r.reason,
+                    "decision": r.decision.value,
+                    "argv": r.argv,
+                    "failure_ids": r.failure_ids,
+                }
                 for r in self.remediations
             ],
             "score": score(self.scenario, fails, self.sim_start),
@@ -150,8 +177,13 @@ def score(scenario: Scenario, failures: list[Failure], sim_start: float) -> dict
         for f in failures
         if f.pattern not in scenario.allow and (f.pattern, f.node) not in found_keys
     ]
-    return {"expected": len(scenario.expect), "found": found, "missed": missed, "false_positives": fps,
-            "passed": not missed and not fps}
+    return {
+        "expected": len(scenario.expect),
+        "found": found,
+        "missed": missed,
+        "false_positives": fps,
+        "passed": not missed and not fps,
+    }
 
 
 def _origin(scenario: Scenario, exp: Any) -> float:
@@ -176,9 +208,17 @@ class Pipeline:
         enforce: the remediator drains in the simulated Slurm (never a real one here).
     """
 
-    def __init__(self, scenario_path: Path, scenario: Scenario, speed: float = 1.0,
-                 bootstrap_servers: str | None = None, partitions: int = 2, workdir: Path | None = None,
-                 enforce: bool = True, log_level: str = "INFO") -> None:
+    def __init__(
+        self,
+        scenario_path: Path,
+        scenario: Scenario,
+        speed: float = 1.0,
+        bootstrap_servers: str | None = None,
+        partitions: int = 2,
+        workdir: Path | None = None,
+        enforce: bool = True,
+        log_level: str = "INFO",
+    ) -> None:
         self.scenario_path = scenario_path.resolve()
         self.scenario = scenario
         self.speed = speed
@@ -209,13 +249,21 @@ class Pipeline:
         }
         per = {
             "collector": {"GPUWARDEN_COLLECTOR_SOURCE": "simulated", "GPUWARDEN_COLLECTOR_SCENARIO": sc},
-            "slurm-watcher": {"GPUWARDEN_SLURM_WATCHER_BACKEND": "simulated", "GPUWARDEN_SLURM_WATCHER_SCENARIO": sc,
-                              "GPUWARDEN_SLURM_WATCHER_STATE_FILE": state, "GPUWARDEN_SLURM_WATCHER_POLL_S": "0.5"},
-            "remediator": {"GPUWARDEN_REMEDIATOR_BACKEND": "simulated", "GPUWARDEN_REMEDIATOR_SCENARIO": sc,
-                           "GPUWARDEN_REMEDIATOR_STATE_FILE": state,
-                           "GPUWARDEN_REMEDIATOR_ENFORCE": "true" if self.enforce else "false"},
-            "detector": {"GPUWARDEN_DETECTOR_PRICE_USD_PER_GPU_HOUR":
-                         str(self.scenario.cluster.price_usd_per_gpu_hour)},
+            "slurm-watcher": {
+                "GPUWARDEN_SLURM_WATCHER_BACKEND": "simulated",
+                "GPUWARDEN_SLURM_WATCHER_SCENARIO": sc,
+                "GPUWARDEN_SLURM_WATCHER_STATE_FILE": state,
+                "GPUWARDEN_SLURM_WATCHER_POLL_S": "0.5",
+            },
+            "remediator": {
+                "GPUWARDEN_REMEDIATOR_BACKEND": "simulated",
+                "GPUWARDEN_REMEDIATOR_SCENARIO": sc,
+                "GPUWARDEN_REMEDIATOR_STATE_FILE": state,
+                "GPUWARDEN_REMEDIATOR_ENFORCE": "true" if self.enforce else "false",
+            },
+            "detector": {
+                "GPUWARDEN_DETECTOR_PRICE_USD_PER_GPU_HOUR": str(self.scenario.cluster.price_usd_per_gpu_hour)
+            },
             "correlator": {"GPUWARDEN_CORRELATOR_DATA_DIR": str(self.workdir / "correlator")},
             "otlp-bridge": {},
         }
@@ -224,12 +272,7 @@ class Pipeline:
 
     def _spawn(self, name: str, module: str) -> ServiceProc:
         port = free_port()
-        sp = ServiceProc(name, module, port, self.workdir / "logs" / f"{name}.log")
-        sp.log.parent.mkdir(parents=True, exist_ok=True)
-        out = open(sp.log, "ab")  # noqa: SIM115 - handed to the child
-        sp.proc = subprocess.Popen([sys.executable, "-m", module], env=self._env(name, port), stdin=subprocess.DEVNULL,
-                                   stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
-        out.close()
+        sp = spawn_service(name, module, self._env(name, port), self.workdir / "logs" / f"{name}.log", port)
         self.procs.append(sp)
         return sp
 
@@ -267,26 +310,30 @@ class Pipeline:
         phase("running")
 
     async def _wait_healthy(self, procs: list[ServiceProc], t0: float, timeout_s: float = 120) -> None:
-        end = time.monotonic() + timeout_s
-        pending = list(procs)
-        while pending:
-            for sp in list(pending):
-                if not sp.alive:
-                    raise RuntimeError(f"{sp.name} exited during start-up:\n{sp.log_tail()}")
-                if await asyncio.to_thread(sp.healthy):
-                    sp.ready_s = round(time.time() - t0, 2)
-                    self.result.ready_s[sp.name] = sp.ready_s
-                    pending.remove(sp)
-            if time.monotonic() > end:
-                raise RuntimeError(f"not healthy within {timeout_s}s: {[p.name for p in pending]}")
-            await asyncio.sleep(0.2)
+        await wait_healthy(procs, timeout_s, t0)
+        for sp in procs:
+            self.result.ready_s[sp.name] = sp.ready_s or 0.0
 
     async def _start_reader(self) -> None:
-        names = ["failures", "remediations", "deadletter", "gpu.samples", "gpu.events", "gpu.attributed",
-                 "gpu.events.attributed", "slurm.jobs", "slurm.nodes"]
+        names = [
+            "failures",
+            "remediations",
+            "deadletter",
+            "gpu.samples",
+            "gpu.events",
+            "gpu.attributed",
+            "gpu.events.attributed",
+            "slurm.jobs",
+            "slurm.nodes",
+        ]
         self._topics = {f"{self.prefix}{n}": n for n in names}
-        self._reader = AIOKafkaConsumer(*self._topics, bootstrap_servers=self.bootstrap, group_id=None,
-                                        auto_offset_reset="earliest", fetch_max_wait_ms=100)
+        self._reader = AIOKafkaConsumer(
+            *self._topics,
+            bootstrap_servers=self.bootstrap,
+            group_id=None,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=100,
+        )
         await self._reader.start()
 
     async def poll(self) -> None:
@@ -318,9 +365,11 @@ class Pipeline:
         if not self.scenario.expect or sc["missed"]:
             return False
         decided = {fid for r in self.result.remediations for fid in r.failure_ids}
-        needs = [f["failure_id"] for f in sc["found"]
-                 if self.result.failures[f["failure_id"]].recommended_action.value in ("drain", "reboot", "rma",
-                                                                                         "reset-gpu")]
+        needs = [
+            f["failure_id"]
+            for f in sc["found"]
+            if self.result.failures[f["failure_id"]].recommended_action.value in ("drain", "reboot", "rma", "reset-gpu")
+        ]
         return all(fid in decided for fid in needs)
 
     async def stop(self) -> None:
@@ -329,18 +378,63 @@ class Pipeline:
             with contextlib.suppress(Exception):
                 await self._reader.stop()
             self._reader = None
-        for sp in reversed(self.procs):
-            if sp.alive and sp.proc is not None:
-                sp.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for sp in reversed(self.procs):
-            if sp.proc is None:
-                continue
-            try:
-                await asyncio.to_thread(sp.proc.wait, max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                sp.proc.kill()
-                await asyncio.to_thread(sp.proc.wait, 5)
+        await stop_services(list(reversed(self.procs)))
         if self.broker is not None:
             await asyncio.to_thread(self.broker.stop)
             self.broker = None
+
+
+def spawn_service(name: str, module: str, env: dict[str, str], log: Path, port: int) -> ServiceProc:
+    """Start ``python -m module`` with ``env`` (its /healthz on ``port``), output to ``log``.
+
+    The child gets PR_SET_PDEATHSIG: it is terminated if this process dies.
+    """
+    sp = ServiceProc(name, module, port, log)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        sp.proc = subprocess.Popen(
+            [sys.executable, "-m", module],
+            env={**env, "GPUWARDEN_HTTP_PORT": str(port)},
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,
+        )
+    return sp
+
+
+async def wait_healthy(procs: list[ServiceProc], timeout_s: float = 120, t0: float | None = None) -> None:
+    """Wait until every process answers /healthz with 200.
+
+    Raises:
+        RuntimeError: one exited (its log tail is in the message) or the timeout passed.
+    """
+    t0 = t0 if t0 is not None else time.time()
+    end = time.monotonic() + timeout_s
+    pending = list(procs)
+    while pending:
+        for sp in list(pending):
+            if not sp.alive:
+                raise RuntimeError(f"{sp.name} exited during start-up:\n{sp.log_tail()}")
+            if await asyncio.to_thread(sp.healthy):
+                sp.ready_s = round(time.time() - t0, 2)
+                pending.remove(sp)
+        if time.monotonic() > end:
+            raise RuntimeError(f"not healthy within {timeout_s}s: {[p.name for p in pending]}")
+        await asyncio.sleep(0.2)
+
+
+async def stop_services(procs: list[ServiceProc], grace_s: float = 15) -> None:
+    """SIGTERM each process in order, wait up to ``grace_s`` in all, then SIGKILL what is left."""
+    for sp in procs:
+        if sp.alive and sp.proc is not None:
+            sp.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for sp in procs:
+        if sp.proc is None:
+            continue
+        try:
+            await asyncio.to_thread(sp.proc.wait, max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            sp.proc.kill()
+            await asyncio.to_thread(sp.proc.wait, 5)

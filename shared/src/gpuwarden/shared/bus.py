@@ -24,7 +24,7 @@ from .models import DeadLetter, dumps
 from .settings import BusSettings
 from .topics import TOPICS
 
-__all__ = ["Publisher", "Producer", "Consumer", "MemoryPublisher", "decode", "Handler"]
+__all__ = ["Consumer", "Handler", "MemoryPublisher", "Producer", "Publisher", "decode"]
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +36,33 @@ class Publisher(Protocol):
         """Queue ``value`` (a registered model) on the short-named ``topic`` under ``key``."""
 
 
+class ProducerLike(Publisher, Protocol):
+    """A :class:`Publisher` with a lifecycle: :class:`Producer` or :class:`MemoryPublisher`."""
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    async def flush(self) -> None: ...
+    async def publish_raw(self, topic: str, key: str | None, value: bytes) -> None: ...
+
+
 class MemoryPublisher:
     """In-memory :class:`Publisher` for unit tests: ``sent`` holds (topic, key, value)."""
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, str | None, BaseModel]] = []
+
+    async def start(self) -> None:
+        """Nothing to connect (same lifecycle as :class:`Producer`)."""
+
+    async def stop(self) -> None:
+        """Nothing to flush."""
+
+    async def flush(self) -> None:
+        """Nothing queued."""
+
+    async def publish_raw(self, topic: str, key: str | None, value: bytes) -> None:
+        """Raw bytes are decoded with the topic's model so tests see models either way."""
+        self.sent.append((topic, key, decode(topic, value)))
 
     async def publish(self, topic: str, key: str | None, value: BaseModel) -> None:
         self.sent.append((topic, key, value))
@@ -142,7 +164,7 @@ class Consumer:
         topics: Iterable[str],
         group_id: str,
         handler: Handler,
-        producer: Producer,
+        producer: ProducerLike,
         metrics: ServiceMetrics,
         auto_offset_reset: str = "earliest",
         max_records: int = 500,
@@ -184,7 +206,7 @@ class Consumer:
         if c is not None:
             try:
                 await c.commit()
-            except Exception as exc:  # noqa: BLE001 - shutting down: log and go on
+            except Exception as exc:
                 log.warning("%s: final commit failed: %s", self.service, exc)
             await c.stop()
 
@@ -242,7 +264,7 @@ class Consumer:
             await self._handler(short, value, rec)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - a bad message must not stop the service
+        except Exception as exc:
             log.exception("%s: handler failed on %s[%s]@%s", self.service, short, rec.partition, rec.offset)
             self._metrics.errors.labels("handler").inc()
             await self.dead_letter(short, rec, f"handler: {type(exc).__name__}: {exc}")

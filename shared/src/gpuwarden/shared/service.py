@@ -21,11 +21,11 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
-from .bus import Consumer, Handler, Producer
+from .bus import Consumer, Handler, Producer, ProducerLike
 from .metrics import ServiceMetrics
 from .settings import ServiceSettings
 
-__all__ = ["Lifecycle", "Service", "run_service", "HttpEndpoint"]
+__all__ = ["HttpEndpoint", "Lifecycle", "Service", "run_service"]
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +49,9 @@ class HttpEndpoint:
         if self._runner is not None:
             return
         app = web.Application()
-        app.add_routes([web.get("/healthz", self._healthz), web.get("/metrics", self._metrics_view),
-                        *self.extra_routes])
+        app.add_routes(
+            [web.get("/healthz", self._healthz), web.get("/metrics", self._metrics_view), *self.extra_routes]
+        )
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port)
@@ -79,10 +80,10 @@ class Service:
 
     name = "service"
 
-    def __init__(self, settings: ServiceSettings, producer: Producer | None = None) -> None:
+    def __init__(self, settings: ServiceSettings, producer: ProducerLike | None = None) -> None:
         self.settings = settings
         self.metrics = ServiceMetrics(self.name)
-        self.producer = producer or Producer(settings, self.metrics)
+        self.producer: ProducerLike = producer or Producer(settings, self.metrics)
         self.http = HttpEndpoint(settings.http_host, settings.http_port, self.metrics, self.health)
         self._consumers: list[Consumer] = []
         self._tasks: list[asyncio.Task[Any]] = []
@@ -133,15 +134,25 @@ class Service:
 
     def health(self) -> dict[str, Any]:
         status = "ok" if self._started and self.failed is None else "failed" if self.failed else "stopped"
-        return {"service": self.name, "status": status, "pid": os.getpid(), "started_at": self.started_at,
-                "error": repr(self.failed) if self.failed else None}
+        return {
+            "service": self.name,
+            "status": status,
+            "pid": os.getpid(),
+            "started_at": self.started_at,
+            "error": repr(self.failed) if self.failed else None,
+        }
 
     # -- helpers -----------------------------------------------------------------
     def consume(self, topics: list[str], handler: Handler, group: str | None = None) -> Consumer:
         c = Consumer(
-            self.settings, self.name, topics,
+            self.settings,
+            self.name,
+            topics,
             group or self.settings.consumer_group or f"gpuwarden-{self.name}",
-            handler, self.producer, self.metrics, self.settings.auto_offset_reset,
+            handler,
+            self.producer,
+            self.metrics,
+            self.settings.auto_offset_reset,
         )
         self._consumers.append(c)
         return c
@@ -182,22 +193,24 @@ async def _serve(service: Lifecycle, ready: Callable[[], None] | None = None) ->
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    await service.start()
-    if ready:
-        ready()
-    waiters = [asyncio.create_task(stop.wait())]
-    if isinstance(service, Service):
-        waiters.append(asyncio.create_task(service.wait_failed()))
-    done, pending = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    for p in pending:
-        p.cancel()
-    rc = 0
-    for d in done:
-        if not d.cancelled() and isinstance(d.result(), BaseException):
-            log.error("stopping after a crash: %r", d.result())
-            rc = 1
-    await service.stop()
-    return rc
+    try:
+        await service.start()
+        if ready:
+            ready()
+        waiters = [asyncio.create_task(stop.wait())]
+        if isinstance(service, Service):
+            waiters.append(asyncio.create_task(service.wait_failed()))
+        done, pending = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        for p in pending:
+            p.cancel()
+        rc = 0
+        for d in done:
+            if not d.cancelled() and isinstance(d.result(), BaseException):
+                log.error("stopping after a crash: %r", d.result())
+                rc = 1
+        return rc
+    finally:
+        await service.stop()
 
 
 def run_service(factory: Callable[[], Lifecycle], log_level: str = "INFO") -> int:

@@ -17,16 +17,46 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from gpuwarden.shared.models import Action, Category, Severity
 
-__all__ = ["Match", "CostModel", "Rule", "Catalog", "load_catalog", "PATTERNS", "CatalogError"]
+__all__ = ["PATTERNS", "Catalog", "CatalogError", "CostModel", "Match", "Rule", "load_catalog"]
 
 PATTERNS = frozenset(
-    """gpu-fallen-off-bus gpu-missing uncorrectable-ecc row-remap-pending row-remap-failure
-    contained-memory-error uncontained-memory-error gsp-firmware-error nvlink-error nvlink-link-down
-    pcie-link-degraded pcie-replay-storm correctable-ecc-storm retired-pages thermal-throttle power-brake
-    power-cap-throttle clocks-low driver-fault xid-application-fault repeat-offender-gpu nvswitch-fatal
-    xid-other straggler-gpu straggler-node idle-allocation partial-idle-allocation input-starvation
-    checkpoint-stall collective-hang gpu-memory-leak low-tensor-activity zombie-process telemetry-silent
-    health-check-failed""".split()
+    [
+        "gpu-fallen-off-bus",
+        "gpu-missing",
+        "uncorrectable-ecc",
+        "row-remap-pending",
+        "row-remap-failure",
+        "contained-memory-error",
+        "uncontained-memory-error",
+        "gsp-firmware-error",
+        "nvlink-error",
+        "nvlink-link-down",
+        "pcie-link-degraded",
+        "pcie-replay-storm",
+        "correctable-ecc-storm",
+        "retired-pages",
+        "thermal-throttle",
+        "power-brake",
+        "power-cap-throttle",
+        "clocks-low",
+        "driver-fault",
+        "xid-application-fault",
+        "repeat-offender-gpu",
+        "nvswitch-fatal",
+        "xid-other",
+        "straggler-gpu",
+        "straggler-node",
+        "idle-allocation",
+        "partial-idle-allocation",
+        "input-starvation",
+        "checkpoint-stall",
+        "collective-hang",
+        "gpu-memory-leak",
+        "low-tensor-activity",
+        "zombie-process",
+        "telemetry-silent",
+        "health-check-failed",
+    ]
 )
 _FIELDS = {"node", "gpu", "job_text", "code", "message"}
 

@@ -7,8 +7,11 @@ from typing import Annotated
 
 import typer
 
-app = typer.Typer(help="Detector: attributed GPU events and samples -> failures (catalog rules).",
-                  invoke_without_command=True, no_args_is_help=False)
+app = typer.Typer(
+    help="Detector: attributed GPU events and samples -> failures (catalog rules).",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
 
 
 @app.callback()

@@ -82,8 +82,12 @@ class Detector:
                 job = seen[1]
         info = self._gpus.get((ev.node, ev.gpu_index)) if ev.gpu_index is not None else None
         evidence = Evidence(
-            signal=f"{ev.kind.value}", value=ev.code if ev.code is not None else ev.message, unit="code",
-            threshold=None, ts=ev.ts, source=ev.raw[:500],
+            signal=f"{ev.kind.value}",
+            value=ev.code if ev.code is not None else ev.message,
+            unit="code",
+            threshold=None,
+            ts=ev.ts,
+            source=ev.raw[:500],
         )
         key = (rule.id, ev.node, ev.gpu_index)
         ep = self.episodes.get(key)
@@ -145,13 +149,21 @@ class Detector:
         if len(ep.evidence) < MAX_EVIDENCE:
             ep.evidence.append(evidence)
         last = max(f.last_seen, ts)
-        job = GpuAttribution(gpu_index=f.gpu_index or 0, job_id=f.job_id, job_gpus=f.cost.affected_gpus) if f.job_id else None
-        ep.failure = f.model_copy(update={
-            "last_seen": last,
-            "occurrences": f.occurrences + 1,
-            "evidence": list(ep.evidence),
-            "cost": self._cost(rule, job, f.first_seen, last) if job else self._cost(rule, None, f.first_seen, last),
-        })
+        job = (
+            GpuAttribution(gpu_index=f.gpu_index or 0, job_id=f.job_id, job_gpus=f.cost.affected_gpus)
+            if f.job_id
+            else None
+        )
+        ep.failure = f.model_copy(
+            update={
+                "last_seen": last,
+                "occurrences": f.occurrences + 1,
+                "evidence": list(ep.evidence),
+                "cost": self._cost(rule, job, f.first_seen, last)
+                if job
+                else self._cost(rule, None, f.first_seen, last),
+            }
+        )
         if ts - ep.last_emitted >= self.update_interval_s:
             ep.last_emitted = ts
             return [ep.failure]

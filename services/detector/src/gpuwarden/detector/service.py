@@ -15,7 +15,7 @@ from gpuwarden.shared.settings import ServiceSettings
 from .catalog import load_catalog
 from .engine import Detector
 
-__all__ = ["DetectorSettings", "DetectorService"]
+__all__ = ["DetectorService", "DetectorSettings"]
 
 
 class DetectorSettings(ServiceSettings):

@@ -1,0 +1,184 @@
+"""The collector service: runs one telemetry source per tick and publishes what it returns.
+
+Each tick: ``source.collect()`` -> one ``NodeSample`` per node on ``gpu.samples`` (key: node),
+``source.events()`` -> every ``GpuEvent`` on ``gpu.events`` (key: node). Each call is
+measured (duration, outcome ok / error / no_data) in Prometheus metrics of the service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import hostlist
+from prometheus_client import Counter, Gauge, Histogram
+
+from gpuwarden.shared.bus import Producer, Publisher
+from gpuwarden.shared.service import Service
+
+from .settings import CollectorSettings
+from .sources import (
+    SOURCES,
+    FileFollower,
+    KmsgReader,
+    LineReader,
+    NvmlSource,
+    Paced,
+    ReplaySource,
+    Source,
+    register_source,
+)
+
+__all__ = ["CollectorService", "build_source"]
+
+log = logging.getLogger(__name__)
+
+
+def _nodes(expr: str | None) -> list[str] | None:
+    return list(hostlist.expand_hostlist(expr)) if expr else None
+
+
+@register_source("nvml")
+def _nvml_source(settings: CollectorSettings) -> Source:
+    from pathlib import Path
+
+    import pynvml
+
+    reader: LineReader | None = None
+    kl = settings.collector_kernel_log
+    if kl:
+        reader = KmsgReader(kl) if kl.startswith("/dev/") else FileFollower(Path(kl), from_end=True)
+    return NvmlSource(pynvml, settings.collector_node, time.time, kernel_log=reader)
+
+
+@register_source("replay")
+def _replay_source(settings: CollectorSettings) -> Source:
+    assert settings.collector_replay_dir is not None  # checked by the settings validator
+    return ReplaySource(settings.collector_replay_dir, _nodes(settings.collector_nodes), time.time)
+
+
+@register_source("simulated")
+def _simulated_source(settings: CollectorSettings) -> Source:
+    from gpuwarden.shared.scenario import ScenarioClock, load_scenario
+
+    from .sim import SimulatedSource
+
+    assert settings.collector_scenario is not None
+    scenario = load_scenario(settings.collector_scenario)
+    return SimulatedSource.for_hostlist(scenario, ScenarioClock.from_env(), settings.collector_nodes)
+
+
+def build_source(settings: CollectorSettings) -> Source:
+    """The source named by ``settings.collector_source`` (see ``SOURCES``).
+
+    Raises:
+        KeyError: no source of that name. Source-specific errors (missing scenario file:
+            FileNotFoundError; bad scenario: ValueError).
+    """
+    return SOURCES[settings.collector_source](settings)
+
+
+class CollectorService(Service):
+    """Collect GPU samples and events of one node (nvml) or many (replay, simulated).
+
+    ``source`` and ``producer`` may be injected (tests pass a fake source and a
+    :class:`~gpuwarden.shared.bus.MemoryPublisher`); by default they come from ``settings``.
+    ``tick()`` does one round; the background loop calls it every ``collector_interval_s``
+    wall seconds, or when a paced source (the simulator) says the next tick is due, and
+    stops when a paced source is finished.
+    """
+
+    name = "collector"
+
+    def __init__(
+        self,
+        settings: CollectorSettings,
+        producer: Producer | Publisher | None = None,
+        source: Source | None = None,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+    ) -> None:
+        super().__init__(settings, producer)  # type: ignore[arg-type]
+        self.cs = settings
+        self.source = source if source is not None else build_source(settings)
+        self._sleep = sleep
+        self.ticks = 0
+        self.finished = asyncio.Event()
+        r = self.metrics.registry
+        self.m_duration = Histogram(
+            "gpuwarden_collector_source_duration_seconds",
+            "Duration of a source call, s",
+            ["source", "call"],
+            registry=r,
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5),
+        )
+        self.m_calls = Counter(
+            "gpuwarden_collector_source_calls",
+            "Source calls by outcome (ok, error, no_data)",
+            ["source", "call", "outcome"],
+            registry=r,
+        )
+        self.m_gpus = Gauge("gpuwarden_collector_gpus", "GPUs in the last sample, by node", ["node"], registry=r)
+        self.m_events = Counter("gpuwarden_collector_events", "GPU events published, by kind", ["kind"], registry=r)
+
+    async def on_start(self) -> None:
+        self.spawn(self.run_loop(), "collect")
+
+    async def on_stop(self) -> None:
+        await self.source.close()
+
+    def health(self) -> dict[str, Any]:
+        h = super().health()
+        h.update(source=self.source.name, ticks=self.ticks, finished=self.finished.is_set())
+        return h
+
+    async def _measured(self, call: str, fn: Callable[[], Awaitable[list[Any]]]) -> list[Any]:
+        t0 = time.perf_counter()
+        try:
+            out = await fn()
+        except Exception as exc:
+            self.m_calls.labels(self.source.name, call, "error").inc()
+            self.metrics.errors.labels(f"source_{call}").inc()
+            log.warning("source %s: %s failed: %s: %s", self.source.name, call, type(exc).__name__, exc)
+            return []
+        finally:
+            self.m_duration.labels(self.source.name, call).observe(time.perf_counter() - t0)
+        self.m_calls.labels(self.source.name, call, "ok" if out else "no_data").inc()
+        return out
+
+    async def tick(self) -> tuple[int, int]:
+        """One round: collect and publish samples, then events. Returns (samples, events) published.
+
+        Source errors are counted and logged, never raised; publish errors are raised.
+        """
+        samples = await self._measured("collect", self.source.collect)
+        for s in samples:
+            await self.publish("gpu.samples", s.node, s)
+            self.m_gpus.labels(s.node).set(len(s.gpus))
+        events = await self._measured("events", self.source.events)
+        for e in events:
+            await self.publish("gpu.events", e.node, e)
+            self.m_events.labels(e.kind.value).inc()
+        self.ticks += 1
+        return len(samples), len(events)
+
+    async def run_loop(self) -> None:
+        """Tick until cancelled, or until a paced source has nothing more to produce."""
+        interval = self.cs.collector_interval_s
+        nxt = time.time()
+        while True:
+            if isinstance(self.source, Paced):
+                due = self.source.next_due()
+                if due is None:
+                    log.info("source %s finished after %d ticks", self.source.name, self.ticks)
+                    self.finished.set()
+                    return
+            else:
+                due = nxt
+            delay = due - time.time()
+            if delay > 0:
+                await self._sleep(delay)
+            await self.tick()
+            nxt = max(nxt + interval, time.time() - interval)  # no bursts after a stall

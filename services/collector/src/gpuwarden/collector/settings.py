@@ -1,0 +1,50 @@
+"""Settings of the collector, from ``GPUWARDEN_*`` environment variables."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from gpuwarden.shared.settings import ServiceSettings
+
+__all__ = ["CollectorSettings"]
+
+
+def _short_hostname() -> str:
+    return socket.gethostname().split(".")[0]
+
+
+class CollectorSettings(ServiceSettings):
+    """Collector settings; every field reads ``GPUWARDEN_<FIELD>`` (e.g. ``GPUWARDEN_COLLECTOR_SOURCE``)."""
+
+    collector_source: Literal["nvml", "replay", "simulated"] = Field(
+        "nvml", description="Telemetry source: nvml (this node's GPUs), replay (recorded files), simulated"
+    )
+    collector_node: str = Field(
+        default_factory=_short_hostname, min_length=1, description="Node name in samples (nvml mode); short hostname"
+    )
+    collector_interval_s: float = Field(
+        1.0, gt=0, description="Wall seconds between ticks (nvml, replay); simulated: tick_s / speed"
+    )
+    collector_replay_dir: Path | None = Field(
+        None, description="replay: folder with <node>/*.xml (nvidia-smi -q -x) and <node>/kern.log"
+    )
+    collector_scenario: Path | None = Field(None, description="simulated: scenario YAML file")
+    collector_nodes: str | None = Field(
+        None, description="replay/simulated: Slurm hostlist of nodes to read, e.g. gpu-node-[001-004] (default all)"
+    )
+    collector_kernel_log: str | None = Field(
+        "/dev/kmsg",
+        description="nvml: kernel log to read XIDs from (/dev/kmsg or a file followed from its end); empty = none",
+    )
+
+    @model_validator(mode="after")
+    def _needs(self) -> CollectorSettings:
+        if self.collector_source == "replay" and self.collector_replay_dir is None:
+            raise ValueError("collector_source=replay needs collector_replay_dir (GPUWARDEN_COLLECTOR_REPLAY_DIR)")
+        if self.collector_source == "simulated" and self.collector_scenario is None:
+            raise ValueError("collector_source=simulated needs collector_scenario (GPUWARDEN_COLLECTOR_SCENARIO)")
+        return self
