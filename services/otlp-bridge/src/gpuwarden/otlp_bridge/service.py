@@ -1,0 +1,105 @@
+"""The otlp-bridge service: ``gpu.attributed``, ``failures`` and ``remediations`` from
+Kafka into OTLP metrics and logs, and Prometheus ``/metrics``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+from aiokafka import ConsumerRecord
+from opentelemetry.sdk._logs.export import LogRecordExporter
+from opentelemetry.sdk.metrics.export import MetricReader
+from pydantic import BaseModel
+
+from gpuwarden.shared.bus import Producer
+from gpuwarden.shared.models import AttributedSample, Failure, Remediation
+from gpuwarden.shared.service import Service
+
+from .bridge import OtlpBridge, build_otlp_exporters, build_resource
+from .settings import OtlpBridgeSettings, parse_key_values
+
+__all__ = ["CONSUMED_TOPICS", "OtlpBridgeService", "create_service"]
+
+log = logging.getLogger(__name__)
+
+CONSUMED_TOPICS = ("gpu.attributed", "failures", "remediations")
+
+
+class OtlpBridgeService(Service):
+    """Consumes :data:`CONSUMED_TOPICS`; exports through the injected readers/exporters.
+
+    With neither ``metric_readers`` nor ``log_exporters`` given, OTLP exporters are
+    built from the settings (none without an endpoint: Prometheus only).
+    """
+
+    name = "otlp-bridge"
+
+    def __init__(
+        self,
+        settings: OtlpBridgeSettings,
+        *,
+        metric_readers: Sequence[MetricReader] | None = None,
+        log_exporters: Sequence[LogRecordExporter] | None = None,
+        log_processor: Literal["batch", "simple"] = "batch",
+        producer: Producer | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(settings, producer)
+        self.bridge_settings = settings
+        # OTLP exporters from the settings are built in on_start: a periodic reader starts a thread.
+        self._from_settings = metric_readers is None and log_exporters is None
+        readers, exporters = list(metric_readers or ()), list(log_exporters or ())
+        self.otlp_enabled = bool(readers or exporters) or (
+            self._from_settings and settings.otlp_bridge_endpoint is not None
+        )
+        self.bridge = OtlpBridge(
+            resource=build_resource(
+                settings.otlp_bridge_service_name, parse_key_values(settings.otlp_bridge_resource_attributes)
+            ),
+            metric_readers=readers,
+            log_exporters=exporters,
+            log_processor=log_processor,
+            staleness_s=settings.otlp_bridge_staleness_s,
+            failure_ttl_s=settings.otlp_bridge_failure_ttl_s,
+            cardinality_limit=settings.otlp_bridge_cardinality_limit,
+            clock=clock,
+        )
+        self.metrics.registry.register(self.bridge.collector)
+
+    async def on_start(self) -> None:
+        if self._from_settings and self.bridge.meter_provider is None:
+            self.bridge.add_exporters(*build_otlp_exporters(self.bridge_settings))
+            self._from_settings = False
+        self.bridge.start()
+        if self.otlp_enabled:
+            log.info("otlp-bridge: exporting OTLP (%s) to %s", self.bridge_settings.otlp_bridge_protocol,
+                     self.bridge_settings.otlp_bridge_endpoint or "injected exporters")  # fmt: skip
+        else:
+            log.info("otlp-bridge: no OTLP endpoint, Prometheus /metrics only")
+        self.consume(list(CONSUMED_TOPICS), self.handle)
+
+    async def on_stop(self) -> None:
+        await asyncio.to_thread(self.bridge.stop, self.bridge_settings.otlp_bridge_timeout_s)
+
+    async def handle(self, topic: str, value: BaseModel, record: ConsumerRecord | None = None) -> None:
+        """Route one decoded message to the bridge.
+
+        Raises:
+            TypeError: a value of a model the bridge does not handle (dead-lettered).
+        """
+        if isinstance(value, AttributedSample):
+            self.bridge.on_sample(value)
+        elif isinstance(value, Failure):
+            self.bridge.on_failure(value)
+        elif isinstance(value, Remediation):
+            self.bridge.on_remediation(value)
+        else:
+            raise TypeError(f"otlp-bridge does not handle {type(value).__name__} from {topic}")
+
+
+def create_service(settings: OtlpBridgeSettings | None = None) -> OtlpBridgeService:
+    """Build the service from settings (the environment when not given)."""
+    return OtlpBridgeService(settings or OtlpBridgeSettings())

@@ -1,0 +1,100 @@
+"""Settings of the otlp-bridge, from ``GPUWARDEN_OTLP_BRIDGE_*`` (and standard ``OTEL_*``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic_settings import SettingsConfigDict
+
+from gpuwarden.shared.settings import ServiceSettings
+
+__all__ = ["OtlpBridgeSettings", "parse_key_values"]
+
+
+def parse_key_values(text: str | None) -> dict[str, str]:
+    """``k1=v1,k2=v2`` (the ``OTEL_RESOURCE_ATTRIBUTES`` format) to a dict; blanks ignored.
+
+    Raises:
+        ValueError: an item without ``=`` or with an empty key.
+    """
+    out: dict[str, str] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"expected key=value, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+class OtlpBridgeSettings(ServiceSettings):
+    """Where to export OTLP, how often, and how long series live.
+
+    ``otlp_bridge_endpoint`` unset and no ``OTEL_EXPORTER_OTLP_ENDPOINT`` in the
+    environment: no OTLP export, only Prometheus ``/metrics``.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="GPUWARDEN_", extra="ignore", populate_by_name=True)
+
+    otlp_bridge_endpoint: str | None = Field(
+        None,
+        validation_alias=AliasChoices("GPUWARDEN_OTLP_BRIDGE_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"),
+        description="OTLP endpoint: grpc host:port or http(s)://host:port; for http/protobuf the base URL "
+        "(/v1/metrics and /v1/logs are appended). Falls back to OTEL_EXPORTER_OTLP_ENDPOINT. "
+        "Unset: no OTLP export",
+    )
+    otlp_bridge_protocol: Literal["grpc", "http/protobuf"] = Field(
+        "grpc",
+        validation_alias=AliasChoices("GPUWARDEN_OTLP_BRIDGE_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"),
+        description="OTLP protocol: grpc or http/protobuf (falls back to OTEL_EXPORTER_OTLP_PROTOCOL)",
+    )
+    otlp_bridge_headers: SecretStr | None = Field(
+        None,
+        description="Extra OTLP headers k=v,k2=v2 (e.g. auth); unset: OTEL_EXPORTER_OTLP_HEADERS if any",
+    )  # fmt: skip
+    otlp_bridge_insecure: bool | None = Field(
+        None,
+        description="gRPC without TLS; unset: decided from the endpoint scheme / OTEL_EXPORTER_OTLP_INSECURE",
+    )  # fmt: skip
+    otlp_bridge_timeout_s: float = Field(10.0, gt=0,
+                                         description="OTLP export timeout, s")  # fmt: skip
+    otlp_bridge_export_interval_s: float = Field(10.0, gt=0, description="Metric export interval, s")
+    otlp_bridge_service_name: str | None = Field(
+        None,
+        description="Resource service.name; unset: OTEL_SERVICE_NAME or gpuwarden-otlp-bridge",
+    )  # fmt: skip
+    otlp_bridge_resource_attributes: str = Field(
+        "",
+        description="Extra resource attributes k=v,k2=v2 (added to OTEL_RESOURCE_ATTRIBUTES); keys used on "
+        "data points (host.name, hw.id, ...) are dropped from the resource",
+    )  # fmt: skip
+    otlp_bridge_staleness_s: float = Field(
+        300.0, gt=0,
+        description="Drop a GPU's series when its latest sample is this much older than the newest event, s",
+    )  # fmt: skip
+    otlp_bridge_failure_ttl_s: float = Field(
+        86400.0, gt=0,
+        description="Forget an open failure whose last_seen is this much older than the newest event, s",
+    )  # fmt: skip
+    otlp_bridge_cardinality_limit: int = Field(
+        100_000, ge=1,
+        description="OTel SDK attribute sets per instrument (SDK default 2000 folds the rest into overflow)",
+    )  # fmt: skip
+
+    @field_validator("otlp_bridge_protocol", mode="before")
+    @classmethod
+    def _protocol(cls, v: object) -> object:
+        return "http/protobuf" if isinstance(v, str) and v.strip().lower() in {"http", "http/protobuf"} else v
+
+    @field_validator("otlp_bridge_endpoint", mode="before")
+    @classmethod
+    def _blank_is_none(cls, v: object) -> object:
+        return None if isinstance(v, str) and not v.strip() else v
+
+    @field_validator("otlp_bridge_resource_attributes")
+    @classmethod
+    def _kv(cls, v: str) -> str:
+        parse_key_values(v)
+        return v
