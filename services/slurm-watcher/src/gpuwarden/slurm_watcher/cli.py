@@ -1,0 +1,48 @@
+"""``gpuwarden slurm-watcher``: run the watcher, or print what Slurm reports once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import typer
+
+app = typer.Typer(
+    help="Slurm watcher: job and node state changes -> slurm.jobs / slurm.nodes.",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+
+
+@app.callback()
+def run(ctx: typer.Context) -> None:
+    """Run the slurm-watcher until SIGTERM/Ctrl-C (settings from GPUWARDEN_* variables)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from gpuwarden.shared.service import run_service
+
+    from .service import SlurmWatcher, SlurmWatcherSettings
+
+    s = SlurmWatcherSettings()
+    raise typer.Exit(run_service(lambda: SlurmWatcher(s), s.log_level))
+
+
+@app.command("once")
+def once() -> None:
+    """Poll Slurm once and print jobs and nodes as JSON lines (no Kafka)."""
+    from gpuwarden.shared.slurm import SlurmError
+
+    from .service import SlurmWatcherSettings, make_client
+
+    client, _ = make_client(SlurmWatcherSettings())
+
+    async def go() -> None:
+        for j in await client.jobs():
+            typer.echo(j.model_dump_json())
+        for n in await client.nodes():
+            typer.echo(n.model_dump_json())
+
+    try:
+        asyncio.run(go())
+    except (SlurmError, ValueError, OSError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc

@@ -1,0 +1,42 @@
+"""Validated Slurm node names and hostlist expansion (python-hostlist)."""
+
+from __future__ import annotations
+
+import re
+
+import hostlist
+
+__all__ = ["NODE_NAME_RE", "expand_nodes", "validate_node_name"]
+
+NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def validate_node_name(name: str) -> str:
+    """Return ``name`` unchanged if it is a safe Slurm node name.
+
+    Allowed: ``[A-Za-z0-9][A-Za-z0-9._-]{0,63}`` (1-64 characters, no spaces, ``=``,
+    commas, brackets or shell metacharacters), so a name can be put into an argv element
+    like ``nodename=<name>`` without changing its meaning.
+
+    Raises:
+        ValueError: ``name`` is not a string matching the pattern.
+    """
+    if not isinstance(name, str) or NODE_NAME_RE.fullmatch(name) is None:
+        raise ValueError(f"invalid node name {name!r}: must match {NODE_NAME_RE.pattern}")
+    return name
+
+
+def expand_nodes(expr: str | None) -> list[str]:
+    """Expand a Slurm hostlist (``gpu-node-[001-002,004],other-[1-2]``) into node names.
+
+    Empty, ``None``, ``(null)`` and ``None assigned`` give ``[]``.
+
+    Raises:
+        ValueError: the expression is not a valid hostlist.
+    """
+    if not expr or expr in ("(null)", "None assigned", "N/A"):
+        return []
+    try:
+        return list(hostlist.expand_hostlist(expr))
+    except hostlist.BadHostlist as exc:
+        raise ValueError(f"bad hostlist {expr!r}: {exc}") from exc

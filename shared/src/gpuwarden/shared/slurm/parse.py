@@ -1,0 +1,425 @@
+"""Pure parsers of Slurm command output -> :class:`JobState` / :class:`NodeState`.
+
+Read: Slurm 22.05 ``squeue --json`` / ``sinfo --json`` (OpenAPI v0.0.38 documents), the
+text of ``scontrol show job -d`` and ``scontrol show node`` (22.05), ``sinfo -R``; node
+documents of slurmrestd v0.0.39+ (``state`` as a list, numbers as ``{"set","number"}``,
+e.g. v0.0.42 of Slurm 25.05) are accepted too. No I/O here: callers pass the text and the
+observation time ``ts`` (epoch s, event time).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from ..models import JobState, NodeState
+from .names import expand_nodes
+
+__all__ = [
+    "KNOWN_OPENAPI_VERSIONS",
+    "TERMINAL_JOB_STATES",
+    "parse_gres_idx",
+    "parse_idx_list",
+    "parse_scontrol_job_gpus",
+    "parse_scontrol_nodes",
+    "parse_sinfo_json",
+    "parse_sinfo_reasons",
+    "parse_slurm_time",
+    "parse_squeue_json",
+]
+
+log = logging.getLogger(__name__)
+
+KNOWN_OPENAPI_VERSIONS = {"v0.0.37", "v0.0.38", "v0.0.39", "v0.0.40", "v0.0.41", "v0.0.42"}
+TERMINAL_JOB_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "ENDED",
+    }
+)
+_warned: set[str] = set()
+
+_IDX_RE = re.compile(r"gpu(?::[^:(),]+)?(?::\d+)?\(IDX:([^)]*)\)")
+_REASON_RE = re.compile(r"^(?P<reason>.*?)\s*\[(?P<user>[^@\]]+)@(?P<time>[^\]]+)\]\s*$")
+
+
+def parse_idx_list(text: str) -> list[int]:
+    """``"0,2-3"`` -> ``[0, 2, 3]`` (sorted, unique). ``""`` and ``"N/A"`` give ``[]``.
+
+    Raises:
+        ValueError: a part is not an integer or an ``a-b`` range with ``a <= b``.
+    """
+    text = text.strip()
+    if not text or text == "N/A":
+        return []
+    out: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if "-" in part:
+            a, b = part.split("-", 1)
+            lo, hi = int(a), int(b)
+            if lo > hi:
+                raise ValueError(f"bad index range {part!r}")
+            out.update(range(lo, hi + 1))
+        else:
+            out.add(int(part))
+    return sorted(out)
+
+
+def parse_gres_idx(gres: str) -> list[int]:
+    """GPU indices of one node's GRES detail, Slurm 22.05 format.
+
+    ``"gpu:4(IDX:0-3)"`` -> ``[0, 1, 2, 3]``; ``"gpu:a100:2(IDX:0,2)"`` -> ``[0, 2]``;
+    several ``gpu`` entries (typed GPUs) are merged; other GRES (``mps:...``) are ignored;
+    no ``IDX`` -> ``[]``.
+    """
+    out: set[int] = set()
+    for m in _IDX_RE.finditer(gres):
+        out.update(parse_idx_list(m.group(1)))
+    return sorted(out)
+
+
+def parse_slurm_time(text: str | None) -> float | None:
+    """Slurm's ``2026-11-30T07:25:16`` (local time of the machine parsing it) -> epoch s.
+
+    ``Unknown``, ``None``, ``N/A``, ``(null)`` and empty give ``None``.
+
+    Raises:
+        ValueError: not an ISO date-time.
+    """
+    if not text or text in ("Unknown", "None", "N/A", "(null)"):
+        return None
+    return datetime.fromisoformat(text).timestamp()
+
+
+def _num(v: Any) -> float | None:
+    """A v0.0.38 plain number or a v0.0.39+ ``{"set": bool, "infinite": bool, "number": n}``."""
+    if isinstance(v, dict):
+        if not v.get("set", True) or v.get("infinite"):
+            return None
+        v = v.get("number")
+    if v is None or isinstance(v, bool):
+        return None
+    return float(v)
+
+
+def _version(doc: dict[str, Any]) -> str:
+    plugin = (doc.get("meta") or {}).get("plugin") or {}
+    ptype = str(plugin.get("data_parser") or plugin.get("type") or "")
+    ver = ptype.rsplit("/", 1)[-1].replace("dbv", "v")
+    if ver and ver not in KNOWN_OPENAPI_VERSIONS and ver not in _warned:
+        _warned.add(ver)
+        log.warning("unknown Slurm OpenAPI version %r; parsing it as v0.0.38", ptype)
+    return ver
+
+
+def _load(text: str | bytes, what: str) -> dict[str, Any]:
+    try:
+        doc = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"{what}: not JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise ValueError(f"{what}: expected a JSON object")
+    return doc
+
+
+def _job_id(job: dict[str, Any]) -> str:
+    jid = job.get("job_id")
+    arr = _num(job.get("array_job_id"))
+    task = _num(job.get("array_task_id"))
+    if arr and task is not None:
+        return f"{int(arr)}_{int(task)}"
+    return str(jid)
+
+
+def _job_state(v: Any) -> str:
+    if isinstance(v, list):
+        return str(v[0]).upper() if v else "UNKNOWN"
+    return str(v or "UNKNOWN").upper()
+
+
+def _exit_code(v: Any) -> int | None:
+    """v0.0.38 gives the raw wait status (``3:0`` -> 768, SIGTERM -> 15): exit code
+    ``status >> 8``, or ``128 + signal`` when a signal ended the job (shell convention)."""
+    if isinstance(v, dict):  # v0.0.39+: {"status": [...], "return_code": {...}, "signal": {...}}
+        return None if (rc := _num(v.get("return_code"))) is None else int(rc)
+    n = _num(v)
+    if n is None:
+        return None
+    status = int(n)
+    sig = status & 0x7F
+    return 128 + sig if sig else (status >> 8) & 0xFF
+
+
+def _job_gpus(job: dict[str, Any], nodes: list[str]) -> dict[str, list[int]] | None:
+    """GPU indices per node from ``gres_detail`` (one entry per allocated node, in the
+    order of ``job_resources.allocated_nodes``); ``None`` when they cannot be matched."""
+    detail = job.get("gres_detail") or []
+    if not detail:
+        return {}
+    res = job.get("job_resources") or {}
+    alloc = [n.get("nodename") for n in res.get("allocated_nodes") or [] if isinstance(n, dict)]
+    order: list[str] = [str(n) for n in alloc] if alloc and None not in alloc else nodes
+    if len(order) != len(detail):
+        return None
+    return {n: idx for n, d in zip(order, detail, strict=True) if (idx := parse_gres_idx(str(d)))}
+
+
+def _wants_gpus(job: dict[str, Any]) -> bool:
+    text = " ".join(
+        str(job.get(k) or "")
+        for k in ("tres_per_node", "tres_per_job", "tres_alloc_str", "tres_per_task", "tres_per_socket")
+    )
+    return "gpu" in text
+
+
+def parse_squeue_json(text: str | bytes, ts: float) -> tuple[list[JobState], list[str]]:
+    """Parse ``squeue --json`` (Slurm 22.05, OpenAPI v0.0.38; v0.0.39+ numbers accepted).
+
+    Args:
+        text: the command's stdout.
+        ts: observation time, epoch s (event time of every returned state).
+
+    Returns:
+        ``(jobs, need_detail)``: one :class:`JobState` per job squeue reports (every state
+        it shows, including recently finished ones it keeps for ``MinJobAge``), with nodes
+        expanded and GPU indices per node from ``gres_detail``; ``need_detail`` lists the ids
+        of running jobs that hold GPUs whose indices could not be matched to nodes
+        (ask ``scontrol show job -d`` and use :func:`parse_scontrol_job_gpus`).
+        ``start_ts`` is ``None`` for pending jobs; ``end_ts`` of a running job is its
+        time-limit end as Slurm reports it; ``exit_code`` (terminal states only) is the exit
+        status, or ``128 + signal`` for a job ended by a signal (v0.0.38 gives the raw status).
+
+    Raises:
+        ValueError: not JSON, or not a squeue document.
+    """
+    doc = _load(text, "squeue --json")
+    _version(doc)
+    jobs = doc.get("jobs")
+    if not isinstance(jobs, list):
+        raise ValueError("squeue --json: no 'jobs' list")
+    out: list[JobState] = []
+    need: list[str] = []
+    for job in jobs:
+        state = _job_state(job.get("job_state"))
+        nodes = expand_nodes(job.get("nodes")) if state != "PENDING" else []
+        gpus = _job_gpus(job, nodes) if nodes else {}
+        jid = _job_id(job)
+        if gpus is None:
+            gpus = {}
+            if state in ("RUNNING", "SUSPENDED", "COMPLETING") and _wants_gpus(job):
+                need.append(jid)
+        start = _num(job.get("start_time"))
+        end = _num(job.get("end_time"))
+        out.append(
+            JobState(
+                job_id=jid,
+                ts=ts,
+                state=state,
+                name=job.get("name") or None,
+                user=job.get("user_name") or None,
+                account=job.get("account") or None,
+                partition=job.get("partition") or None,
+                nodes=nodes,
+                gpus=gpus,
+                start_ts=start if start and state != "PENDING" else None,
+                end_ts=end if end and state != "PENDING" else None,
+                exit_code=_exit_code(job.get("exit_code")) if state in TERMINAL_JOB_STATES else None,
+            )
+        )
+    return out, need
+
+
+def parse_scontrol_job_gpus(text: str) -> dict[str, dict[str, list[int]]]:
+    """GPU indices per node of every job in ``scontrol show job -d [-o]`` output (Slurm 22.05).
+
+    Reads ``JobId=`` and the detail lines ``Nodes=gpu-node-[002-003] CPU_IDs=0 Mem=1024
+    GRES=gpu:8(IDX:0-7)`` (a job may have several such lines; a hostlist applies the IDX
+    to each of its nodes). Works on the multi-line and the one-line (``-o``) format.
+
+    Returns:
+        ``{job id: {node: [gpu indices]}}``; jobs without GPUs map to ``{}``.
+    """
+    out: dict[str, dict[str, list[int]]] = {}
+    current: str | None = None
+    tokens = re.findall(r"(JobId|Nodes|GRES)=(\S*)", text)
+    pending_nodes: list[str] = []
+    for key, val in tokens:
+        if key == "JobId":
+            current = val
+            out.setdefault(current, {})
+            pending_nodes = []
+        elif key == "Nodes" and current is not None:
+            pending_nodes = expand_nodes(val)
+        elif key == "GRES" and current is not None and pending_nodes:
+            idx = parse_gres_idx(val)
+            if idx:
+                for n in pending_nodes:
+                    out[current][n] = sorted(set(out[current].get(n, [])) | set(idx))
+            pending_nodes = []
+    return out
+
+
+def _node_state(raw: Any, flags: list[Any] | None) -> tuple[str, list[str]]:
+    if isinstance(raw, list):  # v0.0.39+: ["IDLE", "DRAIN"]
+        parts = [str(p).upper() for p in raw] or ["UNKNOWN"]
+    else:
+        parts = str(raw or "UNKNOWN").upper().split("+")
+    base, rest = parts[0], parts[1:]
+    if base.endswith("*"):
+        base = base[:-1]
+        rest.append("NOT_RESPONDING")
+    all_flags = [*rest, *(str(f).upper() for f in flags or [])]
+    return base, list(dict.fromkeys(all_flags))
+
+
+def parse_sinfo_json(text: str | bytes, ts: float) -> list[NodeState]:
+    """Parse ``sinfo --json`` (Slurm 22.05, OpenAPI v0.0.38: ``state`` string + ``state_flags``)
+    or a slurmrestd ``/nodes`` document (v0.0.39+: ``state`` list, numbers as objects).
+
+    Args:
+        text: the document.
+        ts: observation time, epoch s.
+
+    Returns:
+        One :class:`NodeState` per node (first occurrence if a node repeats): base state
+        upper-case (``IDLE``), flags (``DRAIN``), reason (``None`` if empty), reason user and
+        time, configured and used GRES, partitions.
+
+    Raises:
+        ValueError: not JSON or no ``nodes`` list.
+    """
+    doc = _load(text, "sinfo --json")
+    _version(doc)
+    nodes = doc.get("nodes")
+    if not isinstance(nodes, list):
+        raise ValueError("sinfo --json: no 'nodes' list")
+    out: dict[str, NodeState] = {}
+    for n in nodes:
+        name = str(n.get("name") or "")
+        if not name or name in out:
+            continue
+        base, flags = _node_state(n.get("state"), n.get("state_flags"))
+        changed = _num(n.get("reason_changed_at"))
+        out[name] = NodeState(
+            node=name,
+            ts=ts,
+            state=base,
+            flags=flags,
+            reason=n.get("reason") or None,
+            reason_user=n.get("reason_set_by_user") or None,
+            reason_ts=changed or None,
+            gres=n.get("gres") or None,
+            gres_used=n.get("gres_used") or None,
+            partitions=[str(p) for p in n.get("partitions") or []],
+        )
+    return list(out.values())
+
+
+def _records(text: str, first_key: str) -> list[list[str]]:
+    recs: list[list[str]] = []
+    for line in text.splitlines():
+        s = line.strip()
+        if s.startswith(f"{first_key}="):
+            recs.append([s])
+        elif recs and s:
+            recs[-1].append(s)
+    return recs
+
+
+def parse_scontrol_nodes(text: str, ts: float) -> list[NodeState]:
+    """Parse ``scontrol show node [NAME]`` (Slurm 22.05, multi-line format).
+
+    ``State=MIXED+DRAIN`` gives state ``MIXED`` and flags ``["DRAIN"]`` (a trailing ``*``
+    becomes the flag ``NOT_RESPONDING``); ``Reason=text [user@2026-11-30T07:25:16]`` gives
+    reason, reason user and reason time (local time of the parsing machine, as Slurm prints
+    it); ``gres_used`` is ``gpu:N`` from ``AllocTRES`` ``gres/gpu=N``.
+
+    Args:
+        text: stdout of the command (lines before the first ``NodeName=`` are ignored).
+        ts: observation time, epoch s.
+
+    Returns:
+        One :class:`NodeState` per ``NodeName=`` record; ``[]`` for none.
+    """
+    out: list[NodeState] = []
+    for rec in _records(text, "NodeName"):
+        kv: dict[str, str] = {}
+        for line in rec:
+            if line.startswith(("Reason=", "OS=", "Comment=", "Extra=")):
+                k, v = line.split("=", 1)
+                kv[k] = v
+                continue
+            for tok in line.split():
+                if "=" in tok:
+                    k, v = tok.split("=", 1)
+                    kv.setdefault(k, v)
+        base, flags = _node_state(kv.get("State"), None)
+        reason = reason_user = None
+        reason_ts = None
+        if raw := kv.get("Reason"):
+            m = _REASON_RE.match(raw)
+            if m:
+                reason, reason_user = m.group("reason") or None, m.group("user")
+                try:
+                    reason_ts = parse_slurm_time(m.group("time"))
+                except ValueError:
+                    reason_ts = None
+            else:
+                reason = raw.strip() or None
+        gres = kv.get("Gres")
+        used = re.search(r"gres/gpu=(\d+)", kv.get("AllocTRES", ""))
+        parts = kv.get("Partitions")
+        out.append(
+            NodeState(
+                node=kv["NodeName"],
+                ts=ts,
+                state=base,
+                flags=flags,
+                reason=reason,
+                reason_user=reason_user,
+                reason_ts=reason_ts,
+                gres=gres if gres and gres != "(null)" else None,
+                gres_used=f"gpu:{used.group(1)}" if used else ("gpu:0" if gres and "gpu" in gres else None),
+                partitions=parts.split(",") if parts else [],
+            )
+        )
+    return out
+
+
+def parse_sinfo_reasons(text: str) -> list[dict[str, Any]]:
+    """Parse default ``sinfo -R`` output (``REASON USER TIMESTAMP NODELIST``; the reason may
+    contain spaces, so the last three columns are split off from the right).
+
+    Returns:
+        ``[{"node", "reason", "user", "reason_ts"}]``, one entry per expanded node.
+        ``reason_ts`` is epoch s (local time of the parsing machine) or ``None``.
+    """
+    out: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        s = line.rstrip()
+        if not s.strip() or re.search(r"(^|\s)REASON\s+USER\s+TIMESTAMP\s+NODELIST\s*$", s):
+            continue
+        parts = s.rsplit(None, 3)
+        if len(parts) != 4:
+            continue
+        reason, user, when, nodelist = parts
+        try:
+            rts = parse_slurm_time(when)
+        except ValueError:
+            rts = None
+        for node in expand_nodes(nodelist):
+            out.append({"node": node, "reason": reason.strip(), "user": user, "reason_ts": rts})
+    return out

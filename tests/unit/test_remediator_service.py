@@ -1,0 +1,167 @@
+"""Remediator service against FakeSlurm and an in-memory bus; the resume command."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuwarden.remediator import Remediator, RemediatorSettings, resume_node
+from gpuwarden.shared.bus import MemoryPublisher
+from gpuwarden.shared.models import (
+    Action,
+    Category,
+    CostEstimate,
+    Failure,
+    NodeState,
+    Remediation,
+    Severity,
+)
+from gpuwarden.shared.models import (
+    RemediationDecision as D,
+)
+from gpuwarden.shared.slurm import FakeSlurm, SlurmError
+
+NOW = 2_000_000.0
+
+
+def failure(node: str = "gpu-node-002", fid: str = "f1", **kw: object) -> Failure:
+    base: dict[str, object] = dict(
+        failure_id=fid,
+        pattern="gpu-fallen-off-bus",
+        rule_id="xid-79",
+        category=Category.HARDWARE,
+        severity=Severity.CRITICAL,
+        node=node,
+        gpu_index=3,
+        first_seen=NOW - 5,
+        last_seen=NOW - 1,
+        verdict="GPU 3 fell off the bus",
+        recommended_action=Action.DRAIN,
+        cost=CostEstimate(affected_gpus=8, usd_per_hour=26.08, gpu_hours_lost=0.1),
+    )
+    base.update(kw)
+    return Failure.model_validate(base)
+
+
+def nodes(n: int, drained: dict[str, str] | None = None) -> list[NodeState]:
+    drained = drained or {}
+    return [
+        NodeState(
+            node=f"gpu-node-{i:03d}",
+            ts=NOW,
+            state="IDLE",
+            flags=["DRAIN"] if f"gpu-node-{i:03d}" in drained else [],
+            reason=drained.get(f"gpu-node-{i:03d}"),
+            reason_user="root" if f"gpu-node-{i:03d}" in drained else None,
+        )
+        for i in range(1, n + 1)
+    ]
+
+
+class MemProducer(MemoryPublisher):
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+def make(n: int = 4, enforce: bool = True, **kw: object) -> tuple[Remediator, FakeSlurm, MemProducer]:
+    fake = FakeSlurm(nodes=nodes(n))
+    fake.now = lambda: NOW
+    prod = MemProducer()
+    s = RemediatorSettings(remediator_enforce=enforce, **kw)  # type: ignore[arg-type]
+    return Remediator(s, client=fake, producer=prod, now=lambda: NOW), fake, prod  # type: ignore[arg-type]
+
+
+async def test_enforce_drains_once_and_is_idempotent_under_redelivery() -> None:
+    r, fake, prod = make()
+    await r.seed()
+    rem = await r.handle_failure(failure())
+    assert rem.decision == D.EXECUTED and rem.exit_code == 0 and not rem.dry_run
+    assert rem.argv == [
+        "scontrol",
+        "update",
+        "nodename=gpu-node-002",
+        "state=DRAIN",
+        "reason=gpuwarden: xid-79 gpu=3 failure=f1",
+    ]
+    assert fake.calls == [("gpu-node-002", "DRAIN", "gpuwarden: xid-79 gpu=3 failure=f1")]
+    assert fake.nodes_map["gpu-node-002"].drained
+    again = await r.handle_failure(failure())
+    assert again.decision == D.SKIPPED and len(fake.calls) == 1
+    # a restarted remediator (empty memory) sees gpuwarden's reason on the node and skips too
+    r2, _, _ = make()
+    r2.client = fake
+    assert (await r2.handle_failure(failure())).decision == D.SKIPPED and len(fake.calls) == 1
+    assert [type(v) for v in prod.of("remediations")] == [Remediation, Remediation]
+    assert [k for t, k, _ in prod.sent] == ["gpu-node-002", "gpu-node-002"]
+
+
+async def test_dry_run_never_calls_slurm() -> None:
+    r, fake, _prod = make(enforce=False)
+    rem = await r.handle_failure(failure())
+    assert rem.decision == D.DRY_RUN and rem.dry_run and rem.argv[-1].startswith("reason=gpuwarden:")
+    assert fake.calls == [] and not fake.nodes_map["gpu-node-002"].drained
+
+
+async def test_someone_elses_reason_is_never_overwritten() -> None:
+    r, fake, _ = make()
+    fake.nodes_map["gpu-node-002"] = fake.nodes_map["gpu-node-002"].model_copy(
+        update={"flags": ["DRAIN"], "reason": "waiting for RMA", "reason_user": "admin"}
+    )
+    rem = await r.handle_failure(failure())
+    assert rem.decision == D.REFUSED and "admin" in rem.reason and fake.calls == []
+
+
+async def test_fraction_breaker_latches_until_reset() -> None:
+    r, fake, _ = make(n=4)
+    await r.seed()
+    assert (await r.handle_failure(failure("gpu-node-001", "a"))).decision == D.EXECUTED
+    second = await r.handle_failure(failure("gpu-node-003", "b"))
+    assert second.decision == D.REFUSED and "breaker" in second.reason
+    fake.nodes_map["gpu-node-001"] = nodes(4)[0]  # a person resumed node 1
+    r.nodes["gpu-node-001"] = nodes(4)[0]
+    third = await r.handle_failure(failure("gpu-node-003", "c"))
+    assert third.decision == D.REFUSED and "breaker open" in third.reason
+    assert r.health()["breaker"] != "closed"
+    r.history.reset_breaker()
+    assert (await r.handle_failure(failure("gpu-node-003", "d"))).decision == D.EXECUTED
+
+
+async def test_failed_command_and_unreadable_node() -> None:
+    r, fake, _ = make()
+    fake.fail_with = 1
+    rem = await r.handle_failure(failure())
+    assert rem.decision == D.FAILED and rem.exit_code == 1 and "simulated failure" in (rem.output or "")
+    fake.fail_with = None
+    fake.raise_on_read = SlurmError("scontrol show node failed (exit 124)")
+    rem2 = await r.handle_failure(failure(fid="f2"))
+    assert rem2.decision == D.FAILED and "cannot read node state" in rem2.reason
+
+
+async def test_seed_counts_existing_gpuwarden_drains() -> None:
+    r, fake, _ = make(n=4)
+    fake.nodes_map["gpu-node-004"] = fake.nodes_map["gpu-node-004"].model_copy(
+        update={"flags": ["DRAIN"], "reason": "gpuwarden: x gpu=0 failure=old", "reason_ts": NOW - 10}
+    )
+    await r.seed()
+    assert r.history.drains == [("gpu-node-004", NOW - 10)]
+    assert (await r.handle_failure(failure())).decision == D.REFUSED  # 1 of 4 already drained
+
+
+@pytest.mark.parametrize(
+    ("reason", "flags", "rc", "resumed", "msg"),
+    [
+        ("gpuwarden: xid-79 gpu=3 failure=f1", ["DRAIN"], 0, True, "resumed"),
+        ("maintenance", ["DRAIN"], 1, False, "refused"),
+        (None, [], 0, False, "nothing to do"),
+    ],
+)
+async def test_resume_only_our_drains(reason: str | None, flags: list[str], rc: int, resumed: bool, msg: str) -> None:
+    fake = FakeSlurm(nodes=[NodeState(node="gpu-node-002", ts=NOW, state="IDLE", flags=flags, reason=reason)])
+    got_rc, text = await resume_node(fake, "gpu-node-002")
+    assert got_rc == rc and msg in text
+    assert (fake.calls == [("gpu-node-002", "RESUME", None)]) is resumed
+
+
+async def test_resume_unknown_and_invalid() -> None:
+    fake = FakeSlurm(nodes=[])
+    assert (await resume_node(fake, "gpu-node-009"))[0] == 2
+    assert (await resume_node(fake, "bad name"))[0] == 2
