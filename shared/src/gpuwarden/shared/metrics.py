@@ -22,11 +22,15 @@ class ServiceMetrics:
         )
         self.errors = Counter(f"{ns}_errors", "Errors, by kind", ["kind"], registry=self.registry)
         self.dead_lettered = Counter(
-            f"{ns}_dead_lettered", "Messages sent to the dead-letter topic, by source topic", ["topic"],
+            f"{ns}_dead_lettered",
+            "Messages sent to the dead-letter topic, by source topic",
+            ["topic"],
             registry=self.registry,
         )
         self.consumer_lag = Gauge(
-            f"{ns}_consumer_lag_messages", "Consumer lag per topic partition, messages", ["topic", "partition"],
+            f"{ns}_consumer_lag_messages",
+            "Consumer lag per topic partition, messages",
+            ["topic", "partition"],
             registry=self.registry,
         )
         self.up = Gauge(f"{ns}_up", "1 while the service runs", registry=self.registry)

@@ -15,16 +15,43 @@ import hostlist
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["Cluster", "ScenarioJob", "Fault", "Expectation", "Scenario", "ScenarioClock", "load_scenario"]
+__all__ = ["Cluster", "Expectation", "Fault", "Scenario", "ScenarioClock", "ScenarioJob", "load_scenario"]
 
 FAULT_KINDS = {
-    "xid", "sxid", "gpu-lost", "gpu-missing", "ecc-dbe", "ecc-sbe-storm", "row-remap-pending",
-    "row-remap-failed", "retired-pages", "nvlink-errors", "nvlink-down", "pcie-degraded", "pcie-replays",
-    "thermal-throttle", "power-brake", "power-cap", "clocks-low", "straggler-gpu", "straggler-node",
-    "collective-hang", "zombie-process", "telemetry-silent", "health-check-fail",
+    "xid",
+    "sxid",
+    "gpu-lost",
+    "gpu-missing",
+    "ecc-dbe",
+    "ecc-sbe-storm",
+    "row-remap-pending",
+    "row-remap-failed",
+    "retired-pages",
+    "nvlink-errors",
+    "nvlink-down",
+    "pcie-degraded",
+    "pcie-replays",
+    "thermal-throttle",
+    "power-brake",
+    "power-cap",
+    "clocks-low",
+    "straggler-gpu",
+    "straggler-node",
+    "collective-hang",
+    "zombie-process",
+    "telemetry-silent",
+    "health-check-fail",
 }
-PROFILES = {"training", "inference", "idle", "partial-idle", "input-bound", "checkpoint-heavy", "memory-leak",
-            "low-tensor"}
+PROFILES = {
+    "training",
+    "inference",
+    "idle",
+    "partial-idle",
+    "input-bound",
+    "checkpoint-heavy",
+    "memory-leak",
+    "low-tensor",
+}
 
 
 class _Strict(BaseModel):
@@ -187,8 +214,9 @@ class ScenarioClock:
 
     @classmethod
     def from_env(cls) -> ScenarioClock:
-        return cls(float(os.environ.get("GPUWARDEN_SIM_START", time.time())),
-                   float(os.environ.get("GPUWARDEN_SIM_SPEED", "1")))
+        return cls(
+            float(os.environ.get("GPUWARDEN_SIM_START", time.time())), float(os.environ.get("GPUWARDEN_SIM_SPEED", "1"))
+        )
 
     def scenario_s(self, wall: float | None = None) -> float:
         """Scenario seconds elapsed at wall time ``wall`` (default now); negative before start."""

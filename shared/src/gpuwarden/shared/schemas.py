@@ -9,8 +9,19 @@ from . import models as m
 
 __all__ = ["MODELS", "schema_of", "write_schemas"]
 
-MODELS = [m.NodeSample, m.GpuSample, m.GpuEvent, m.JobState, m.NodeState, m.AttributedSample,
-          m.AttributedEvent, m.Failure, m.Remediation, m.HealthCheckResult, m.DeadLetter]
+MODELS = [
+    m.NodeSample,
+    m.GpuSample,
+    m.GpuEvent,
+    m.JobState,
+    m.NodeState,
+    m.AttributedSample,
+    m.AttributedEvent,
+    m.Failure,
+    m.Remediation,
+    m.HealthCheckResult,
+    m.DeadLetter,
+]
 
 
 def schema_of(model: type[m.Model]) -> str:

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from . import models as m
 
-__all__ = ["TopicSpec", "TOPICS", "topic", "create_topics"]
+__all__ = ["TOPICS", "TopicSpec", "create_topics", "topic"]
 
 
 @dataclass(frozen=True)
@@ -39,30 +39,48 @@ _DAY_MS = str(24 * 3600 * 1000)
 TOPICS: dict[str, TopicSpec] = {
     t.name: t
     for t in [
-        TopicSpec("gpu.samples", "node", m.NodeSample, 6, "one NodeSample per node per tick",
-                  {"retention.ms": _DAY_MS}),
-        TopicSpec("gpu.events", "node", m.GpuEvent, 6, "XID/SXID/NVLink/ECC events, never sampled",
-                  {"retention.ms": _WEEK_MS}),
-        TopicSpec("slurm.jobs", "job id", m.JobState, 6, "job state changes and snapshots",
-                  {"retention.ms": _WEEK_MS}),
-        TopicSpec("slurm.nodes", "node", m.NodeState, 6, "node state changes and snapshots",
-                  {"retention.ms": _WEEK_MS}),
-        TopicSpec("allocations", "node", None, 6, "internal: slurm.jobs repartitioned by node",
-                  {"retention.ms": _WEEK_MS}),
-        TopicSpec("gpu.attributed", "node", m.AttributedSample, 6, "NodeSample + job per GPU",
-                  {"retention.ms": _DAY_MS}),
-        TopicSpec("gpu.events.attributed", "node", m.AttributedEvent, 6, "GpuEvent + job of its GPU",
-                  {"retention.ms": _WEEK_MS}),
-        TopicSpec("job.windows", "job id", None, 6, "per-window summary per (node, gpu) of a job",
-                  {"retention.ms": _DAY_MS}),
-        TopicSpec("failures", "node", m.Failure, 6, "named failures: the public contract",
-                  {"retention.ms": _WEEK_MS}),
-        TopicSpec("remediations", "node", m.Remediation, 3, "audit trail of remediation decisions",
-                  {"retention.ms": _WEEK_MS}),
-        TopicSpec("health", "node", m.HealthCheckResult, 3, "prolog/epilog health check results",
-                  {"retention.ms": _WEEK_MS}),
-        TopicSpec("deadletter", "source topic", m.DeadLetter, 1, "messages no service could process",
-                  {"retention.ms": _WEEK_MS}),
+        TopicSpec(
+            "gpu.samples", "node", m.NodeSample, 6, "one NodeSample per node per tick", {"retention.ms": _DAY_MS}
+        ),
+        TopicSpec(
+            "gpu.events", "node", m.GpuEvent, 6, "XID/SXID/NVLink/ECC events, never sampled", {"retention.ms": _WEEK_MS}
+        ),
+        TopicSpec("slurm.jobs", "job id", m.JobState, 6, "job state changes and snapshots", {"retention.ms": _WEEK_MS}),
+        TopicSpec(
+            "slurm.nodes", "node", m.NodeState, 6, "node state changes and snapshots", {"retention.ms": _WEEK_MS}
+        ),
+        TopicSpec(
+            "allocations", "node", None, 6, "internal: slurm.jobs repartitioned by node", {"retention.ms": _WEEK_MS}
+        ),
+        TopicSpec(
+            "gpu.attributed", "node", m.AttributedSample, 6, "NodeSample + job per GPU", {"retention.ms": _DAY_MS}
+        ),
+        TopicSpec(
+            "gpu.events.attributed",
+            "node",
+            m.AttributedEvent,
+            6,
+            "GpuEvent + job of its GPU",
+            {"retention.ms": _WEEK_MS},
+        ),
+        TopicSpec(
+            "job.windows", "job id", None, 6, "per-window summary per (node, gpu) of a job", {"retention.ms": _DAY_MS}
+        ),
+        TopicSpec("failures", "node", m.Failure, 6, "named failures: the public contract", {"retention.ms": _WEEK_MS}),
+        TopicSpec(
+            "remediations", "node", m.Remediation, 3, "audit trail of remediation decisions", {"retention.ms": _WEEK_MS}
+        ),
+        TopicSpec(
+            "health", "node", m.HealthCheckResult, 3, "prolog/epilog health check results", {"retention.ms": _WEEK_MS}
+        ),
+        TopicSpec(
+            "deadletter",
+            "source topic",
+            m.DeadLetter,
+            1,
+            "messages no service could process",
+            {"retention.ms": _WEEK_MS},
+        ),
     ]
 }
 
