@@ -26,14 +26,17 @@ def _drained_nodes() -> list[str]:
 def slurm_cluster() -> Iterator[list[str]]:
     """Start (or reuse) the local Slurm cluster; yield its node names, sorted.
 
-    Skipped unless root (the script runs daemons as root and writes /etc/slurm). The cluster
-    is left running at the end (a second start takes ~0.2 s); nodes drained during the
-    session are resumed in teardown.
+    Skipped unless root (the script runs daemons as root and writes /etc/slurm). Nodes
+    drained during the session are resumed in teardown; a cluster this fixture started is
+    stopped again (``GPUWARDEN_TEST_KEEP_SLURM=1`` keeps it for faster reruns).
     """
     if os.geteuid() != 0:
         pytest.skip("the local Slurm cluster needs root (deploy/slurm/start-local-slurm.sh)")
     if shutil.which("apt-get") is None and shutil.which("slurmctld") is None:
         pytest.skip("no Slurm packages and no apt-get to install them")
+    was_up = shutil.which("scontrol") is not None and subprocess.run(
+        ["scontrol", "ping"], capture_output=True, text=True, timeout=30
+    ).stdout.count("UP") > 0
     proc = subprocess.run(["bash", str(START)], capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise RuntimeError(f"start-local-slurm.sh failed ({proc.returncode}): {proc.stderr[-2000:]}")
@@ -46,3 +49,6 @@ def slurm_cluster() -> Iterator[list[str]]:
     finally:
         for n in set(_drained_nodes()) - before:
             subprocess.run(["scontrol", "update", f"nodename={n}", "state=RESUME"], capture_output=True, timeout=30)
+        if not was_up and os.environ.get("GPUWARDEN_TEST_KEEP_SLURM") != "1":
+            # started here: stop it, so no daemon outlives the test run (CI waits for none)
+            subprocess.run(["bash", str(START.with_name("stop-local-slurm.sh"))], capture_output=True, timeout=120)

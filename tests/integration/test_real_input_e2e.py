@@ -117,7 +117,11 @@ async def test_xid79_on_a_real_slurm_job_is_found_attributed_and_drained_once(
         out = subprocess.run(["sbatch", "--parsable", "-N1", "-w", node, "--gres=gpu:1", "--wrap", "sleep 600"],
                              check=True, capture_output=True, text=True, timeout=30).stdout
         job_id = out.strip().split(";")[0]
-        gpu = int(re.search(r"IDX:(\d+)", scontrol("show", "job", "-d", job_id)).group(1))  # type: ignore[union-attr]
+        deadline = time.monotonic() + 30
+        while (idx := re.search(r"IDX:(\d+)", scontrol("show", "job", "-d", job_id))) is None:
+            assert time.monotonic() < deadline, f"job {job_id} did not start: {scontrol('show', 'job', job_id)}"
+            await asyncio.sleep(0.2)
+        gpu = int(idx.group(1))
         assert gpu == 0, "the replayed capture has one GPU, index 0"
 
         # the pipeline knows the job holds that GPU once an attributed sample says so

@@ -12,6 +12,7 @@ import orjson
 import typer
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
@@ -20,7 +21,7 @@ from gpuwarden.shared.scenario import load_scenario
 
 from .runner import Pipeline
 
-console = Console()
+console = Console(emoji=False, highlight=False)
 DEMO_SCENARIO = files(__package__).joinpath("scenarios", "demo-xid79.yaml")
 
 
@@ -54,19 +55,19 @@ def _view(p: Pipeline) -> Group:
 def _failure_panel(f: Failure, sim_start: float) -> Panel:
     g = Table.grid(padding=(0, 2))
     g.add_row("pattern", f"[bold red]{f.pattern}[/] ({f.rule_id}, {f.severity.value})")
-    g.add_row("where", f"node {f.node}, GPU {f.gpu_index} (PCI {f.pci_bus_id}, {f.gpu_uuid or 'uuid unknown'})")
+    g.add_row("where", escape(f"node {f.node}, GPU {f.gpu_index} (PCI {f.pci_bus_id}, {f.gpu_uuid or 'uuid unknown'})"))
     g.add_row("job", f"{f.job_id} user {f.user} partition {f.partition}" if f.job_id else "none")
     g.add_row("first seen", f"t={f.first_seen - sim_start:.1f} s into the scenario")
-    g.add_row("verdict", f.verdict)
+    g.add_row("verdict", escape(f.verdict))
     for e in f.evidence[:3]:
-        g.add_row("evidence", f"{e.signal}={e.value} {e.unit or ''} at t={e.ts - sim_start:.1f}s: {e.source}")
+        g.add_row("evidence", escape(f"{e.signal}={e.value} {e.unit or ''} at t={e.ts - sim_start:.1f}s: {e.source}"))
     g.add_row(
         "cost",
         f"{f.cost.affected_gpus} GPUs, ${f.cost.usd_per_hour:.2f}/h, {f.cost.gpu_hours_lost:.3f} GPU-h lost so far",
     )
     g.add_row("action", f.recommended_action.value)
     for c in f.cannot_determine:
-        g.add_row("cannot tell", c)
+        g.add_row("cannot tell", escape(c))
     return Panel(g, title="failure")
 
 
@@ -99,6 +100,7 @@ async def _run(p: Pipeline, report: Path | None, until_found: bool, live: bool, 
             await p.stop()
             lv.update(_view(p))
     rep = p.result.report()
+    console.print()
     for f in sorted(p.result.failures.values(), key=lambda f: f.first_seen):
         console.print(_failure_panel(f, p.result.sim_start))
     for r in p.result.remediations:

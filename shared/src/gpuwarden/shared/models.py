@@ -262,9 +262,9 @@ class Evidence(Model):
     """One observation supporting a failure."""
 
     signal: str = Field(description="What was observed, e.g. xid, temperature_c")
-    value: float | str
+    value: int | float | str = Field(description="The observed value, in ``unit``")
     unit: str | None = Field(None, description="Unit of value: W, C, MHz, MiB, %, count, s")
-    threshold: float | str | None = None
+    threshold: int | float | str | None = Field(None, description="The limit the value was compared with, in ``unit``")
     ts: Ts
     source: str = Field(description="Where it came from: the raw log line, topic or tool")
 
