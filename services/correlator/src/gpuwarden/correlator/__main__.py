@@ -1,0 +1,8 @@
+"""``python -m gpuwarden.correlator``: run the correlator until SIGTERM."""
+
+from __future__ import annotations
+
+from .cli import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())

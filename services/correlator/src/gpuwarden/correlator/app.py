@@ -1,0 +1,291 @@
+"""The correlator's faust app and the service that runs it.
+
+Topology (section 3 of DESIGN.md)::
+
+    slurm.jobs  --fan out per node-->  allocations (keyed by node)  --> table node -> allocations
+    gpu.samples (keyed by node) --join with table--> gpu.attributed
+    gpu.events  (keyed by node) --join with table--> gpu.events.attributed
+    bad input on any of them    -->  deadletter
+
+``allocations``, ``gpu.samples`` and ``gpu.events`` are keyed by node with the same
+partition count and the same (murmur2) partitioner, so the table partition holding a
+node's allocations is processed by the worker that gets that node's samples.
+
+Agents only move bytes: every decision is in :class:`~gpuwarden.correlator.core.Correlator`.
+Values use faust's ``raw`` serializer and are decoded by the correlator itself, so a
+malformed message becomes a dead letter instead of a faust crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import faust
+from aiokafka import AIOKafkaClient
+
+from gpuwarden.shared.metrics import ServiceMetrics
+from gpuwarden.shared.service import HttpEndpoint
+from gpuwarden.shared.topics import TOPICS
+
+from .core import INPUT_TOPICS, OUTPUT_TOPICS, Correlator
+from .settings import CorrelatorSettings
+
+__all__ = ["CorrelatorApp", "CorrelatorService", "TableStore", "broker_urls", "create_app", "discover_partitions"]
+
+log = logging.getLogger(__name__)
+
+
+class TableStore:
+    """:class:`~gpuwarden.correlator.core.AllocationStore` over a faust Table.
+
+    Writes must happen while the agent processes an event of a co-partitioned topic
+    (faust sends the change to the changelog partition of the current event).
+    """
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+
+    def get(self, node: str) -> dict[str, Any] | None:
+        return self.table.get(node)
+
+    def set(self, node: str, value: dict[str, Any]) -> None:
+        self.table[node] = value
+
+
+class CorrelatorApp(faust.App):
+    """The faust app, with the correlator core and its table attached (see :func:`create_app`)."""
+
+    core: Correlator
+    allocations_table: Any
+    first_output_at: float | None = None
+
+
+def broker_urls(bootstrap_servers: str) -> str:
+    """``h1:9092,h2:9092`` -> ``kafka://h1:9092;kafka://h2:9092`` (faust's broker syntax)."""
+    hosts = [h.strip() for h in bootstrap_servers.split(",") if h.strip()]
+    return ";".join(h if "://" in h else f"kafka://{h}" for h in hosts)
+
+
+def create_app(
+    settings: CorrelatorSettings,
+    *,
+    partitions: int | None = None,
+    metrics: ServiceMetrics | None = None,
+    clock: Callable[[], float] = time.time,
+    datadir: Path | None = None,
+) -> CorrelatorApp:
+    """Build the faust app: topics, the ``node -> allocations`` table and one agent per input.
+
+    Args:
+        settings: bus and correlator settings (topic prefix, broker, app id, timeouts).
+        partitions: partitions of the input topics (and so of the table changelog);
+            default ``settings.correlator_partitions``, else the topic registry's count.
+        metrics: counters to update; a fresh registry if not given.
+        clock: wall clock for dead-letter timestamps only.
+        datadir: faust's data folder (it writes only empty folders with the memory store);
+            default ``settings.correlator_datadir``, else ``<tmp>/<app id>-<pid>``.
+
+    Nothing connects until a worker starts the app.
+    """
+    parts = partitions or settings.correlator_partitions or TOPICS["gpu.samples"].partitions
+    datadir = datadir or settings.correlator_datadir or Path(tempfile.gettempdir()) / f"{settings.app_id}-{os.getpid()}"
+    app = CorrelatorApp(
+        settings.app_id,
+        broker=broker_urls(settings.bootstrap_servers),
+        store="memory://",
+        datadir=str(datadir),
+        autodiscover=False,
+        web_enabled=False,
+        topic_partitions=parts,
+        topic_replication_factor=settings.correlator_replication_factor,
+        topic_disable_leader=True,
+        table_standby_replicas=0,
+        consumer_auto_offset_reset=settings.auto_offset_reset,
+        broker_session_timeout=settings.correlator_session_timeout_s,
+        broker_heartbeat_interval=settings.correlator_heartbeat_interval_s,
+        broker_commit_interval=settings.correlator_commit_interval_s,
+        broker_rebalance_timeout=max(10.0, settings.correlator_session_timeout_s * 2),
+        broker_request_timeout=30.0,
+        broker_client_id=f"{settings.client_id}-correlator",
+        producer_acks=1,
+        producer_linger=0.005,
+        stream_wait_empty=False,
+        stream_recovery_delay=0.0,
+        key_serializer="raw",
+        value_serializer="raw",
+    )
+    table = app.Table(
+        # The prefix is in the table name so that its changelog topic
+        # ("<app id>-<prefix>node-allocations-changelog") is separate per prefix.
+        f"{settings.topic_prefix}node-allocations",
+        default=None,
+        partitions=parts,
+        key_type=str,
+        help="node -> {job id: allocation}",
+    )
+    core = Correlator(
+        TableStore(table),
+        settings.topic,
+        settings.correlator_retention_s,
+        metrics or ServiceMetrics("correlator"),
+        clock,
+    )
+    app.core = core
+    app.allocations_table = table
+    outputs = {s: app.topic(settings.topic(s), key_serializer="raw", value_serializer="raw") for s in OUTPUT_TOPICS}
+
+    def make_agent(short: str) -> Callable[[Any], Any]:
+        async def move(stream: faust.StreamT[bytes]) -> None:
+            async for event in stream.events():
+                msg = event.message
+                for out in core.handle(short, msg.value, msg.key, msg.partition, msg.offset):
+                    await outputs[out.topic].send(
+                        key=out.key.encode() if out.key is not None else None, value=out.value
+                    )
+                    if app.first_output_at is None and out.topic == "gpu.attributed":
+                        app.first_output_at = time.time()
+                        log.info("correlator: first attributed sample published")
+
+        return move
+
+    for short in INPUT_TOPICS:
+        channel = app.topic(settings.topic(short), key_serializer="raw", value_serializer="raw")
+        app.agent(channel, name=f"correlate-{short}")(make_agent(short))
+    return app
+
+
+async def discover_partitions(settings: CorrelatorSettings, timeout_s: float = 30.0) -> int:
+    """Partition count of the input topics, read from the broker.
+
+    Raises:
+        RuntimeError: an input topic is missing (run ``gpuwarden topics create``) or the
+            co-partitioned topics have different partition counts.
+        aiokafka.errors.KafkaError: the broker cannot be reached.
+    """
+    client = AIOKafkaClient(bootstrap_servers=settings.bootstrap_servers, request_timeout_ms=int(timeout_s * 1000))
+    await asyncio.wait_for(client.bootstrap(), timeout_s)
+    try:
+        md = await asyncio.wait_for(client.fetch_all_metadata(), timeout_s)
+    finally:
+        await client.close()
+    counts: dict[str, int] = {}
+    for short in (*INPUT_TOPICS, "gpu.attributed", "gpu.events.attributed", "deadletter"):
+        full = settings.topic(short)
+        p = md.partitions_for_topic(full)
+        if not p:
+            raise RuntimeError(f"topic {full} does not exist: create the topics first (gpuwarden topics create)")
+        counts[short] = len(p)
+    keyed = {counts[s] for s in ("allocations", "gpu.samples", "gpu.events")}
+    if len(keyed) != 1:
+        raise RuntimeError(f"allocations, gpu.samples and gpu.events must have the same partition count: {counts}")
+    return keyed.pop()
+
+
+class _Worker(faust.Worker):
+    """A faust worker that leaves signals, logging and the event loop to its owner."""
+
+    def install_signal_handlers(self) -> None:
+        pass
+
+
+class CorrelatorService:
+    """Runs the faust app in the current event loop, with ``/healthz`` and ``/metrics``.
+
+    ``start()`` returns once the worker is started (table recovery and stream processing
+    continue in the background); ``stop()`` commits offsets, flushes the producer and
+    leaves the group. ``stop()`` is safe before ``start()`` and twice.
+    """
+
+    name = "correlator"
+
+    def __init__(self, settings: CorrelatorSettings) -> None:
+        self.settings = settings
+        self.metrics = ServiceMetrics(self.name)
+        self.http = HttpEndpoint(settings.http_host, settings.http_port, self.metrics, self.health)
+        self.app: CorrelatorApp | None = None
+        self.worker: _Worker | None = None
+        self.started_at: float | None = None
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+
+    async def start(self) -> None:
+        """Raises RuntimeError/KafkaError if the topics are missing or the broker is unreachable."""
+        if self.worker is not None:
+            return
+        self.started_at = time.time()
+        await self.http.start()
+        partitions = self.settings.correlator_partitions or await discover_partitions(self.settings)
+        datadir = self.settings.correlator_datadir
+        if datadir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix=f"{self.settings.app_id}-")
+            datadir = Path(self._tmp.name)
+        self.app = create_app(self.settings, partitions=partitions, metrics=self.metrics, datadir=datadir)
+        worker = _Worker(
+            self.app,
+            loop=asyncio.get_running_loop(),
+            override_logging=False,
+            redirect_stdouts=False,
+            quiet=True,
+            daemon=False,
+            loglevel=self.settings.log_level,
+        )
+        self.worker = worker
+        await worker.start()
+        self.metrics.up.set(1)
+        log.info(
+            "correlator started (pid %s, %d partitions, app id %s), http://%s:%s/healthz",
+            os.getpid(),
+            partitions,
+            self.settings.app_id,
+            self.http.host,
+            self.http.port,
+        )
+
+    async def stop(self) -> None:
+        w, self.worker = self.worker, None
+        if w is not None:
+            try:
+                await asyncio.wait_for(w.stop(), self.settings.correlator_stop_timeout_s)
+            except TimeoutError:
+                log.warning("correlator: faust worker did not stop within %ss", self.settings.correlator_stop_timeout_s)
+            except asyncio.CancelledError:
+                pass
+            self.metrics.up.set(0)
+            log.info("correlator stopped")
+        await self.http.stop()
+        tmp, self._tmp = self._tmp, None
+        if tmp is not None:
+            tmp.cleanup()
+
+    def crashed(self) -> BaseException | None:
+        """The exception that crashed the faust app, if any."""
+        for s in (self.worker, self.app):
+            if s is not None and s.crashed:
+                return s.crash_reason or RuntimeError("faust app crashed")
+        return None
+
+    def health(self) -> dict[str, Any]:
+        crash = self.crashed()
+        status = "failed" if crash else "ok" if self.worker is not None else "stopped"
+        return {
+            "service": self.name,
+            "status": status,
+            "pid": os.getpid(),
+            "started_at": self.started_at,
+            "first_output_at": self.app.first_output_at if self.app else None,
+            "error": repr(crash) if crash else None,
+        }
+
+    async def wait_failed(self) -> BaseException:
+        """Wait until the faust app has crashed; returns its exception."""
+        while True:
+            crash = self.crashed()
+            if crash is not None:
+                return crash
+            await asyncio.sleep(0.5)

@@ -1,0 +1,218 @@
+"""The correlator's message handling, without Kafka or faust.
+
+:class:`Correlator` takes one raw message of an input topic (bytes, as consumed), decodes
+and validates it, runs the pure join logic of :mod:`gpuwarden.correlator.join` against an
+:class:`AllocationStore` (a faust Table in the service, a dict in tests) and returns the
+messages to publish. A message that is not JSON, fails its schema or makes the handler
+raise becomes a :class:`~gpuwarden.shared.models.DeadLetter` output instead: nothing is
+dropped and the caller keeps going.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+from pydantic import ValidationError
+
+from gpuwarden.shared.bus import decode
+from gpuwarden.shared.metrics import ServiceMetrics
+from gpuwarden.shared.models import DeadLetter, GpuEvent, JobState, NodeSample, dumps
+
+from .join import (
+    Allocation,
+    apply_allocation,
+    attribute_event,
+    attribute_sample,
+    dump_allocations,
+    expire,
+    fan_out,
+    load_allocations,
+)
+
+__all__ = ["INPUT_TOPICS", "OUTPUT_TOPICS", "AllocationStore", "Correlator", "MemoryAllocationStore", "Output"]
+
+log = logging.getLogger(__name__)
+
+#: Short names of the topics the correlator consumes (``allocations`` is its own repartition).
+INPUT_TOPICS = ("slurm.jobs", "allocations", "gpu.samples", "gpu.events")
+#: Short names of the topics it produces.
+OUTPUT_TOPICS = ("allocations", "gpu.attributed", "gpu.events.attributed", "deadletter")
+
+SERVICE = "correlator"
+
+
+class AllocationStore(Protocol):
+    """Per-node allocations: node -> JSON dict (job id -> allocation dict)."""
+
+    def get(self, node: str) -> dict[str, Any] | None: ...
+
+    def set(self, node: str, value: dict[str, Any]) -> None: ...
+
+
+class MemoryAllocationStore:
+    """Dict-backed :class:`AllocationStore` for tests and tools."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, dict[str, Any]] = {}
+
+    def get(self, node: str) -> dict[str, Any] | None:
+        return self.data.get(node)
+
+    def set(self, node: str, value: dict[str, Any]) -> None:
+        self.data[node] = value
+
+
+@dataclass(frozen=True)
+class Output:
+    """A message to publish: short topic name, key, JSON value bytes."""
+
+    topic: str
+    key: str | None
+    value: bytes
+
+
+class Correlator:
+    """Routes raw input messages through the join logic; returns what to publish.
+
+    Args:
+        store: the node -> allocations table.
+        topic_name: short topic name -> full name (for dead letters), e.g. ``settings.topic``.
+        retention_s: keep ended allocations this long in event time, so late samples attribute.
+        metrics: counters to update (messages in/out, dead-lettered, errors).
+        clock: wall clock, used only for the ``ts`` of a dead letter (when it was rejected).
+    """
+
+    def __init__(
+        self,
+        store: AllocationStore,
+        topic_name: Callable[[str], str],
+        retention_s: float = 3600.0,
+        metrics: ServiceMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.topic_name = topic_name
+        self.retention_s = retention_s
+        self.metrics = metrics
+        self.clock = clock
+        self._parsed: dict[str, tuple[Any, dict[str, Allocation]]] = {}
+        self._handlers: dict[str, Callable[[bytes | None], list[Output]]] = {
+            "slurm.jobs": self._on_job,
+            "allocations": self._on_allocation,
+            "gpu.samples": self._on_sample,
+            "gpu.events": self._on_event,
+        }
+
+    def handle(
+        self, topic: str, value: bytes | None, key: bytes | None = None, partition: int = 0, offset: int = -1
+    ) -> list[Output]:
+        """Process one message of the short-named input ``topic``; returns the outputs.
+
+        Never raises for bad input: it becomes a dead-letter output.
+
+        Raises:
+            KeyError: ``topic`` is not an input topic of the correlator (a programming error).
+        """
+        handler = self._handlers[topic]
+        if self.metrics:
+            self.metrics.messages_in.labels(topic).inc()
+        try:
+            outs = handler(value)
+        except (ValueError, ValidationError) as exc:
+            outs = [self._dead_letter(topic, value, key, partition, offset, f"schema: {_short_error(exc)}")]
+        except Exception as exc:
+            log.exception("correlator: handler failed on %s[%s]@%s", topic, partition, offset)
+            if self.metrics:
+                self.metrics.errors.labels("handler").inc()
+            outs = [self._dead_letter(topic, value, key, partition, offset, f"handler: {type(exc).__name__}: {exc}")]
+        if self.metrics:
+            for o in outs:
+                self.metrics.messages_out.labels(o.topic).inc()
+        return outs
+
+    # -- per topic ----------------------------------------------------------------
+    def _on_job(self, value: bytes | None) -> list[Output]:
+        job = decode("slurm.jobs", value)
+        assert isinstance(job, JobState)
+        return [Output("allocations", a.node, orjson.dumps(a.model_dump(mode="json"))) for a in fan_out(job)]
+
+    def _on_allocation(self, value: bytes | None) -> list[Output]:
+        if value is None:
+            raise ValueError("empty value (tombstone)")
+        try:
+            data = orjson.loads(value)
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(f"not JSON: {exc}") from exc
+        alloc = Allocation.model_validate(data)
+        current = self._allocations(alloc.node)
+        new = expire(apply_allocation(current, alloc), alloc.ts, self.retention_s)
+        if new != current:
+            self._store(alloc.node, new)
+        return []
+
+    def _on_sample(self, value: bytes | None) -> list[Output]:
+        sample = decode("gpu.samples", value)
+        assert isinstance(sample, NodeSample)
+        allocs = self._expired(sample.node, sample.ts)
+        return [Output("gpu.attributed", sample.node, dumps(attribute_sample(sample, allocs)))]
+
+    def _on_event(self, value: bytes | None) -> list[Output]:
+        event = decode("gpu.events", value)
+        assert isinstance(event, GpuEvent)
+        allocs = self._expired(event.node, event.ts)
+        return [Output("gpu.events.attributed", event.node, dumps(attribute_event(event, allocs)))]
+
+    # -- helpers --------------------------------------------------------------------
+    def _allocations(self, node: str) -> dict[str, Allocation]:
+        raw = self.store.get(node)
+        cached = self._parsed.get(node)
+        if cached is not None and cached[0] is raw:
+            return cached[1]
+        parsed = load_allocations(raw)
+        self._parsed[node] = (raw, parsed)
+        return parsed
+
+    def _store(self, node: str, allocs: dict[str, Allocation]) -> None:
+        raw = dump_allocations(allocs)
+        self.store.set(node, raw)
+        self._parsed[node] = (self.store.get(node), allocs)
+
+    def _expired(self, node: str, ts: float) -> dict[str, Allocation]:
+        """The node's allocations, dropping (and storing the drop of) those expired at ``ts``."""
+        allocs = self._allocations(node)
+        kept = expire(allocs, ts, self.retention_s)
+        if len(kept) != len(allocs):
+            self._store(node, kept)
+        return kept
+
+    def _dead_letter(
+        self, topic: str, value: bytes | None, key: bytes | None, partition: int, offset: int, error: str
+    ) -> Output:
+        full = self.topic_name(topic)
+        log.warning("correlator: dead-lettering %s[%s]@%s: %s", topic, partition, offset, error)
+        if self.metrics:
+            self.metrics.dead_lettered.labels(topic).inc()
+        dl = DeadLetter(
+            service=SERVICE,
+            source_topic=full,
+            partition=partition,
+            offset=offset,
+            key=key.decode(errors="replace") if key is not None else None,
+            value_b64=base64.b64encode(value or b"").decode(),
+            error=error[:2000],
+            ts=self.clock(),
+        )
+        return Output("deadletter", full, dumps(dl))
+
+
+def _short_error(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        errs = exc.errors()[:5]
+        return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errs)
+    return str(exc)

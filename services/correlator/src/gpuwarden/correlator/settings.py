@@ -1,0 +1,45 @@
+"""Typed settings of the correlator (``GPUWARDEN_*`` and ``GPUWARDEN_CORRELATOR_*``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from gpuwarden.shared.settings import ServiceSettings
+
+__all__ = ["CorrelatorSettings"]
+
+DEFAULT_APP_ID = "gpuwarden-correlator"
+
+
+class CorrelatorSettings(ServiceSettings):
+    """Bus, HTTP and logging settings of every service, plus the correlator's own.
+
+    The faust app id (also the Kafka consumer group) is ``GPUWARDEN_CONSUMER_GROUP``,
+    default ``gpuwarden-correlator``.
+    """
+
+    correlator_partitions: int = Field(
+        0, ge=0, description="Partitions of the input topics; 0 = read them from the broker (gpu.samples)"
+    )
+    correlator_retention_s: float = Field(
+        3600.0, gt=0, description="Keep ended job allocations this long (event time, s) so late samples attribute"
+    )
+    correlator_session_timeout_s: float = Field(
+        6.0, gt=0, description="Kafka consumer session timeout, s (a restart on Tansu waits this long)"
+    )
+    correlator_heartbeat_interval_s: float = Field(1.0, gt=0, description="Kafka heartbeat interval, s")
+    correlator_commit_interval_s: float = Field(1.0, gt=0, description="How often consumed offsets are committed, s")
+    correlator_stop_timeout_s: float = Field(15.0, gt=0, description="Give up a graceful stop after this long, s")
+    correlator_replication_factor: int = Field(
+        1, ge=1, description="Replicas of the table changelog topic faust creates"
+    )
+    correlator_datadir: Path | None = Field(
+        None, description="faust data directory (default: a folder under the system temp dir)"
+    )
+
+    @property
+    def app_id(self) -> str:
+        """faust app id = Kafka consumer group."""
+        return self.consumer_group or DEFAULT_APP_ID

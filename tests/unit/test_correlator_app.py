@@ -1,0 +1,127 @@
+"""The correlator's faust app: configuration and agents under faust's ``test_context()``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+from unittest.mock import patch
+
+import pytest
+from typer.testing import CliRunner
+
+import gpuwarden.correlator as correlator
+from gpuwarden.correlator.app import broker_urls, create_app
+from gpuwarden.correlator.cli import app as cli_app
+from gpuwarden.correlator.settings import CorrelatorSettings
+from gpuwarden.shared.bus import decode
+from gpuwarden.shared.models import EventKind, GpuEvent, GpuSample, JobState, NodeSample
+
+NODE = "gpu-node-001"
+
+
+def settings(**kw: Any) -> CorrelatorSettings:
+    return CorrelatorSettings(bootstrap_servers="h1:9092,h2:9093", topic_prefix="x.", **kw)
+
+
+def test_public_names() -> None:
+    for name in correlator.__all__:
+        assert getattr(correlator, name) is not None
+
+
+def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUWARDEN_CORRELATOR_RETENTION_S", "120")
+    monkeypatch.setenv("GPUWARDEN_CORRELATOR_PARTITIONS", "2")
+    monkeypatch.setenv("GPUWARDEN_CONSUMER_GROUP", "my-group")
+    s = CorrelatorSettings()
+    assert (s.correlator_retention_s, s.correlator_partitions, s.app_id) == (120.0, 2, "my-group")
+    monkeypatch.delenv("GPUWARDEN_CONSUMER_GROUP")
+    assert CorrelatorSettings().app_id == "gpuwarden-correlator"
+
+
+def test_broker_urls() -> None:
+    assert broker_urls("h1:9092, h2:9093") == "kafka://h1:9092;kafka://h2:9093"
+
+
+def test_create_app_configuration(tmp_path: Any) -> None:
+    app = create_app(settings(), partitions=2, datadir=tmp_path)
+    c = app.conf
+    assert c.id == "gpuwarden-correlator"
+    assert [str(u) for u in c.broker] == ["kafka://h1:9092", "kafka://h2:9093"]
+    assert str(c.store) == "memory:" or str(c.store).startswith("memory")
+    assert c.web_enabled is False
+    assert c.topic_partitions == 2
+    assert c.topic_disable_leader is True
+    assert c.consumer_auto_offset_reset == "earliest"
+    assert c.stream_wait_empty is False
+    assert c.stream_recovery_delay == 0.0
+    assert c.processing_guarantee.value == "at_least_once"  # no transactions, so no idempotent producer
+    assert set(app.agents) == {
+        "correlate-slurm.jobs",
+        "correlate-allocations",
+        "correlate-gpu.samples",
+        "correlate-gpu.events",
+    }
+    topics = {t for a in app.agents.values() for t in a.channel.topics}  # type: ignore[attr-defined]
+    assert topics == {"x.slurm.jobs", "x.allocations", "x.gpu.samples", "x.gpu.events"}
+    table = app.allocations_table
+    assert table.changelog_topic.get_topic_name() == "gpuwarden-correlator-x.node-allocations-changelog"
+    assert table.partitions == 2
+    assert not list(tmp_path.iterdir()) or (tmp_path / "v1").exists()
+
+
+def test_create_app_builds_independent_apps() -> None:
+    a, b = create_app(settings(), partitions=2), create_app(settings(consumer_group="other"), partitions=3)
+    assert a is not b and b.conf.id == "other" and b.allocations_table.partitions == 3
+
+
+@pytest.fixture
+def sent() -> Iterator[list[tuple[str, bytes | None, bytes]]]:
+    """Capture what the agents publish (faust's documented way: patch the topic's send)."""
+    out: list[tuple[str, bytes | None, bytes]] = []
+
+    async def fake_send(self: Any, *, key: bytes | None = None, value: bytes, **_: Any) -> None:
+        out.append((self.get_topic_name(), key, value))
+
+    with patch("faust.topics.Topic.send", fake_send):
+        yield out
+
+
+async def test_agents_join_samples_and_events_with_the_table(sent: list[tuple[str, bytes | None, bytes]]) -> None:
+    app = create_app(settings(), partitions=2)
+    app.finalize()
+    app.flow_control.resume()
+    job = JobState(job_id="1001", ts=10, state="RUNNING", nodes=[NODE], gpus={NODE: [0, 1]}, start_ts=5)
+    async with app.agents["correlate-slurm.jobs"].test_context() as agent:
+        await agent.put(job.to_json(), key=b"1001")
+        await agent.put(b"garbage", key=b"1002")
+    [alloc] = [s for s in sent if s[0] == "x.allocations"]
+    assert alloc[1] == NODE.encode()
+    async with app.agents["correlate-allocations"].test_context() as agent:
+        await agent.put(alloc[2], key=NODE.encode())
+    assert set(app.allocations_table.get(NODE)) == {"1001"}
+
+    s = NodeSample(node=NODE, ts=11, collector_id="c", source="simulated", gpus=[GpuSample(index=i) for i in range(4)])
+    async with app.agents["correlate-gpu.samples"].test_context() as agent:
+        await agent.put(s.to_json(), key=NODE.encode())
+    ev = GpuEvent(event_id="e", node=NODE, ts=12, kind=EventKind.XID, code=79, gpu_index=1, raw="x", source="simulated")
+    async with app.agents["correlate-gpu.events"].test_context() as agent:
+        await agent.put(ev.to_json(), key=NODE.encode())
+        await agent.put(b"{}", key=NODE.encode())
+
+    by_topic: dict[str, list[Any]] = {}
+    for name, _key, value in sent:
+        by_topic.setdefault(name, []).append(
+            decode(name.removeprefix("x."), value) if name != "x.allocations" else value
+        )
+    [att] = by_topic["x.gpu.attributed"]
+    assert [(j.gpu_index, j.job_id) for j in att.jobs] == [(0, "1001"), (1, "1001")]
+    [aev] = by_topic["x.gpu.events.attributed"]
+    assert aev.job.job_id == "1001"
+    assert [d.source_topic for d in by_topic["x.deadletter"]] == ["x.slurm.jobs", "x.gpu.events"]
+    assert app.first_output_at is not None
+
+
+def test_cli_help() -> None:
+    result = CliRunner().invoke(cli_app, ["--help"])
+    assert result.exit_code == 0
+    assert "correlator" in result.output.lower()
