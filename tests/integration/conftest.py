@@ -34,9 +34,10 @@ def slurm_cluster() -> Iterator[list[str]]:
         pytest.skip("the local Slurm cluster needs root (deploy/slurm/start-local-slurm.sh)")
     if shutil.which("apt-get") is None and shutil.which("slurmctld") is None:
         pytest.skip("no Slurm packages and no apt-get to install them")
-    was_up = shutil.which("scontrol") is not None and subprocess.run(
-        ["scontrol", "ping"], capture_output=True, text=True, timeout=30
-    ).stdout.count("UP") > 0
+    was_up = (
+        shutil.which("scontrol") is not None
+        and subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=30).stdout.count("UP") > 0
+    )
     proc = subprocess.run(["bash", str(START)], capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise RuntimeError(f"start-local-slurm.sh failed ({proc.returncode}): {proc.stderr[-2000:]}")

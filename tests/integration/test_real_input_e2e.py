@@ -55,8 +55,13 @@ class Topics:
         self._c: AIOKafkaConsumer | None = None
 
     async def start(self, *short: str) -> None:
-        self._c = AIOKafkaConsumer(*(self.prefix + s for s in short), bootstrap_servers=self.bootstrap,
-                                   group_id=None, auto_offset_reset="earliest", fetch_max_wait_ms=100)
+        self._c = AIOKafkaConsumer(
+            *(self.prefix + s for s in short),
+            bootstrap_servers=self.bootstrap,
+            group_id=None,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=100,
+        )
         await self._c.start()
 
     async def stop(self) -> None:
@@ -91,19 +96,32 @@ async def test_xid79_on_a_real_slurm_job_is_found_attributed_and_drained_once(
     kern = replay_dir / node / "kern.log"
     kern.write_text("")
 
-    env = {**os.environ, "GPUWARDEN_BOOTSTRAP_SERVERS": kafka_bootstrap, "GPUWARDEN_TOPIC_PREFIX": topic_prefix,
-           "GPUWARDEN_LOG_LEVEL": "INFO"}
+    env = {
+        **os.environ,
+        "GPUWARDEN_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "GPUWARDEN_TOPIC_PREFIX": topic_prefix,
+        "GPUWARDEN_LOG_LEVEL": "INFO",
+    }
     per = {
         "correlator": ("gpuwarden.correlator", {"GPUWARDEN_CORRELATOR_DATA_DIR": str(tmp_path / "correlator")}),
         "detector": ("gpuwarden.detector", {}),
-        "remediator": ("gpuwarden.remediator", {"GPUWARDEN_REMEDIATOR_ENFORCE": "true",
-                                                "GPUWARDEN_REMEDIATOR_BACKEND": "cli"}),
-        "slurm-watcher": ("gpuwarden.slurm_watcher", {"GPUWARDEN_SLURM_WATCHER_BACKEND": "cli",
-                                                      "GPUWARDEN_SLURM_WATCHER_POLL_S": "0.5"}),
-        "collector": ("gpuwarden.collector", {"GPUWARDEN_COLLECTOR_SOURCE": "replay",
-                                              "GPUWARDEN_COLLECTOR_REPLAY_DIR": str(replay_dir),
-                                              "GPUWARDEN_COLLECTOR_NODE": node,
-                                              "GPUWARDEN_COLLECTOR_INTERVAL_S": "0.5"}),
+        "remediator": (
+            "gpuwarden.remediator",
+            {"GPUWARDEN_REMEDIATOR_ENFORCE": "true", "GPUWARDEN_REMEDIATOR_BACKEND": "cli"},
+        ),
+        "slurm-watcher": (
+            "gpuwarden.slurm_watcher",
+            {"GPUWARDEN_SLURM_WATCHER_BACKEND": "cli", "GPUWARDEN_SLURM_WATCHER_POLL_S": "0.5"},
+        ),
+        "collector": (
+            "gpuwarden.collector",
+            {
+                "GPUWARDEN_COLLECTOR_SOURCE": "replay",
+                "GPUWARDEN_COLLECTOR_REPLAY_DIR": str(replay_dir),
+                "GPUWARDEN_COLLECTOR_NODE": node,
+                "GPUWARDEN_COLLECTOR_INTERVAL_S": "0.5",
+            },
+        ),
     }
     procs: list[ServiceProc] = []
     topics = Topics(kafka_bootstrap, topic_prefix)
@@ -114,8 +132,13 @@ async def test_xid79_on_a_real_slurm_job_is_found_attributed_and_drained_once(
         await wait_healthy(procs, timeout_s=120)
         await topics.start("gpu.attributed", "failures", "remediations")
 
-        out = subprocess.run(["sbatch", "--parsable", "-N1", "-w", node, "--gres=gpu:1", "--wrap", "sleep 600"],
-                             check=True, capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run(
+            ["sbatch", "--parsable", "-N1", "-w", node, "--gres=gpu:1", "-o", "/dev/null", "--wrap", "sleep 600"],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
         job_id = out.strip().split(";")[0]
         deadline = time.monotonic() + 30
         while (idx := re.search(r"IDX:(\d+)", scontrol("show", "job", "-d", job_id))) is None:
@@ -184,8 +207,9 @@ async def test_xid79_on_a_real_slurm_job_is_found_attributed_and_drained_once(
         await stop_services(procs)
         if job_id:
             subprocess.run(["scancel", job_id], check=False, timeout=30)
-        subprocess.run(["scontrol", "update", f"nodename={node}", "state=RESUME"], check=False,
-                       capture_output=True, timeout=30)
+        subprocess.run(
+            ["scontrol", "update", f"nodename={node}", "state=RESUME"], check=False, capture_output=True, timeout=30
+        )
         for sp in procs:
             if sp.proc is not None and sp.proc.returncode not in (0, -15):
                 print(f"--- {sp.name} exited {sp.proc.returncode}:\n{sp.log_tail(30)}")

@@ -28,7 +28,7 @@ async def _wait(pred, timeout_s: float = 20.0, step: float = 0.2):  # type: igno
 async def test_cli_slurm_jobs_drain_resume(slurm_cluster: list[str]) -> None:
     client = CliSlurm(timeout_s=15, retries=2)
     out = subprocess.run(
-        ["sbatch", "--parsable", "-N1", "--gres=gpu:2", "-J", "gpuwarden-it", "--wrap", "sleep 60"],
+        ["sbatch", "--parsable", "-N1", "--gres=gpu:2", "-J", "gpuwarden-it", "-o", "/dev/null", "--wrap", "sleep 60"],
         capture_output=True,
         text=True,
         timeout=30,

@@ -48,7 +48,7 @@ __all__ = [
     "stable_id",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Literal[1] = 1
 
 
 class Model(BaseModel):

@@ -9,7 +9,7 @@ from . import models as m
 
 __all__ = ["MODELS", "schema_of", "write_schemas"]
 
-MODELS = [
+MODELS: list[type[m.Model]] = [
     m.NodeSample,
     m.GpuSample,
     m.GpuEvent,

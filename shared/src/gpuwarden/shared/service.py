@@ -197,7 +197,7 @@ async def _serve(service: Lifecycle, ready: Callable[[], None] | None = None) ->
         await service.start()
         if ready:
             ready()
-        waiters = [asyncio.create_task(stop.wait())]
+        waiters: list[asyncio.Task[Any]] = [asyncio.create_task(stop.wait())]
         if isinstance(service, Service):
             waiters.append(asyncio.create_task(service.wait_failed()))
         done, pending = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
