@@ -1,8 +1,11 @@
 """The umbrella ``gpuwarden`` command (typer + rich).
 
-Built-in commands: ``topics``, ``schemas``, ``broker``. Each installed service adds its
-own command through the ``gpuwarden.commands`` entry-point group, so a GPU node with only
-``gpuwarden-collector`` installed gets ``gpuwarden collector`` and nothing else.
+Built-in commands: ``topics``, ``schemas``, ``broker``, ``parse``, ``bench``. Each installed
+service adds its own command through the ``gpuwarden.commands`` entry-point group, so a GPU
+node with only ``gpuwarden-collector`` installed gets ``gpuwarden collector`` and nothing
+else. Parsers register in ``gpuwarden.parsers`` (name -> ``fn(text) -> JSON-able``, shown
+as ``gpuwarden parse NAME FILE``) and benchmarks in ``gpuwarden.bench`` (name -> a typer
+command function, shown as ``gpuwarden bench NAME``).
 """
 
 from __future__ import annotations
@@ -113,6 +116,52 @@ def broker(port: Annotated[int | None, typer.Option(help="Port (default: a free 
     console.print("broker stopped")
 
 
+parse_app = typer.Typer(
+    help="Parse a recorded tool output file and print JSON (the parsers gpuwarden itself uses).",
+    no_args_is_help=True,
+)
+app.add_typer(parse_app, name="parse")
+bench_app = typer.Typer(help="Benchmarks that print figures.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+def _parse_command(name: str, ep_value: object) -> None:
+    """Register ``gpuwarden parse NAME FILE`` for a parser entry point (``text -> JSON-able``)."""
+
+    def run(
+        file: Annotated[Path, typer.Argument(help="File to parse, or - for standard input", allow_dash=True)],
+    ) -> None:
+        import sys
+
+        import orjson
+        from pydantic import BaseModel
+
+        fn = ep_value.load()  # type: ignore[attr-defined]
+        try:
+            text = sys.stdin.read() if str(file) == "-" else file.read_text(errors="replace")
+        except OSError as exc:
+            console.print(f"[red]error:[/] cannot read {file}: {exc.strerror}")
+            raise typer.Exit(2) from exc
+        try:
+            result = fn(text)
+        except ValueError as exc:
+            console.print(f"[red]error:[/] {file} is not {name} output: {exc}")
+            raise typer.Exit(1) from exc
+
+        def default(o: object) -> object:
+            if isinstance(o, BaseModel):
+                return o.model_dump(mode="json")
+            if hasattr(o, "__dict__"):
+                return vars(o)
+            raise TypeError
+
+        sys.stdout.buffer.write(orjson.dumps(result, default=default, option=orjson.OPT_INDENT_2) + b"\n")
+
+    doc = getattr(ep_value, "value", name)
+    run.__doc__ = f"Parse {name} output ({doc})."
+    parse_app.command(name)(run)
+
+
 def load_plugins() -> list[str]:
     """Add the commands of installed services (entry points ``gpuwarden.commands``)."""
     names: list[str] = []
@@ -130,6 +179,13 @@ def load_plugins() -> list[str]:
         else:
             app.command(ep.name)(sub)
         names.append(ep.name)
+    for ep in sorted(entry_points(group="gpuwarden.parsers"), key=lambda e: e.name):
+        _parse_command(ep.name, ep)
+    for ep in sorted(entry_points(group="gpuwarden.bench"), key=lambda e: e.name):
+        try:
+            bench_app.command(ep.name)(ep.load())
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not break the CLI
+            logging.getLogger(__name__).warning("cannot load benchmark %s: %s", ep.name, exc)
     return names
 
 
