@@ -184,7 +184,7 @@ def load_plugins() -> list[str]:
     for ep in sorted(entry_points(group="gpuwarden.bench"), key=lambda e: e.name):
         try:
             bench_app.command(ep.name)(ep.load())
-        except Exception as exc:  # noqa: BLE001 - a broken plugin must not break the CLI
+        except Exception as exc:
             logging.getLogger(__name__).warning("cannot load benchmark %s: %s", ep.name, exc)
     return names
 
