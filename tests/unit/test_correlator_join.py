@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from gpuwarden.correlator.join import (
+from gpuwarden.shared.allocations import (
     Allocation,
     apply_allocation,
     attribute_event,

@@ -15,6 +15,7 @@ from gpuwarden.shared.models import (
     GpuAttribution,
     GpuEvent,
     GpuSample,
+    JobState,
     NodeSample,
     Severity,
     stable_id,
@@ -90,7 +91,20 @@ def test_redelivered_event_does_not_open_a_new_failure() -> None:
     assert d.on_event(e) == []
 
 
-def test_event_without_job_is_attributed_from_last_sample_and_says_what_it_cannot_tell() -> None:
+def running_job(ts: float = 990.0) -> JobState:
+    return JobState(
+        job_id="1001",
+        ts=ts,
+        state="RUNNING",
+        user="user1",
+        partition="gpu",
+        nodes=["gpu-node-002", "gpu-node-003"],
+        gpus={"gpu-node-002": [0, 1, 2, 3], "gpu-node-003": [0]},
+        start_ts=900.0,
+    )
+
+
+def test_event_without_job_is_attributed_from_slurm_jobs_and_sample_identity() -> None:
     d = Detector(load_catalog())
     sample = NodeSample(
         node="gpu-node-002",
@@ -99,12 +113,34 @@ def test_event_without_job_is_attributed_from_last_sample_and_says_what_it_canno
         source="test",
         gpus=[GpuSample(index=3, uuid="GPU-abc", pci_bus_id="0000:44:00.0")],
     )
-    d.on_sample(AttributedSample(sample=sample, jobs=[JOB]))
+    d.on_sample(AttributedSample(sample=sample, jobs=[]))
+    assert d.on_job(running_job()) == []  # nothing open to explain yet
     [f] = d.on_event(AttributedEvent(event=event(79, 1000.0)))
-    assert f.job_id == "1001" and f.gpu_uuid == "GPU-abc"
+    assert (f.job_id, f.user, f.gpu_uuid, f.cost.affected_gpus) == ("1001", "user1", "GPU-abc", 5)
     [g] = Detector(load_catalog()).on_event(AttributedEvent(event=event(79, 1000.0, node="gpu-node-009")))
     assert g.job_id is None and g.cost.affected_gpus == 1
     assert any("which job" in c for c in g.cannot_determine)
+
+
+def test_job_arriving_after_the_event_enriches_the_same_failure() -> None:
+    """Arrival order must not change the outcome (a replay at any speed gives the same failures)."""
+    d = Detector(load_catalog())
+    [early] = d.on_event(AttributedEvent(event=event(79, 1000.0)))
+    assert early.job_id is None
+    [late] = d.on_job(running_job(ts=1005.0))
+    assert late.failure_id == early.failure_id and late.job_id == "1001" and late.cost.affected_gpus == 5
+    assert not any("which job" in c for c in late.cannot_determine)
+    in_order = Detector(load_catalog())
+    in_order.on_job(running_job(ts=1005.0))
+    [f] = in_order.on_event(AttributedEvent(event=event(79, 1000.0)))
+    assert f == late
+    assert d.on_job(running_job(ts=1006.0)) == []  # already explained: nothing re-emitted
+
+
+def test_job_that_started_after_the_event_does_not_claim_it() -> None:
+    d = Detector(load_catalog())
+    d.on_event(AttributedEvent(event=event(79, 800.0)))
+    assert d.on_job(running_job()) == []  # started at 900 s, the XID was at 800 s
 
 
 @pytest.mark.parametrize(

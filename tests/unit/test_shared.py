@@ -92,6 +92,16 @@ def test_decode_validates_against_the_topic_schema() -> None:
         decode("failures", None)
 
 
+def test_decode_tolerates_fields_from_a_newer_producer_but_nothing_else() -> None:
+    data = orjson.loads(sample().to_json())
+    data["gpus"][0]["serial_v2"] = "x"  # a field this version does not know
+    data["new_top_level"] = 1
+    assert decode("gpu.samples", orjson.dumps(data)) == sample()
+    data["gpus"][0]["power_w"] = "lots"  # plus a real violation: still rejected
+    with pytest.raises(ValidationError):
+        decode("gpu.samples", orjson.dumps(data))
+
+
 def test_stable_id_is_deterministic() -> None:
     assert m.stable_id("a", 1, None) == m.stable_id("a", 1, None) != m.stable_id("a", 1, 0)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from importlib.resources import files
 from pathlib import Path
@@ -37,7 +38,9 @@ def _view(p: Pipeline) -> Group:
         t.add_row(sp.name, str(sp.proc.pid if sp.proc else "-"), state, str(sp.ready_s or "-"))
     c = r.counts
     flow = Table.grid(padding=(0, 2))
-    sim_t = max(0.0, (time.time() - r.sim_start) * p.speed) if r.sim_start and p.phase == "running" else 0.0
+    if p.phase == "running" and r.sim_start:
+        p.sim_t = min(p.scenario.duration_s, max(0.0, (time.time() - r.sim_start) * p.speed))
+    sim_t = p.sim_t
     flow.add_row("phase", p.phase)
     flow.add_row("elapsed", f"{time.time() - r.started_wall:5.1f} s wall, scenario t={sim_t:5.1f} s")
     flow.add_row(
@@ -71,7 +74,9 @@ def _failure_panel(f: Failure, sim_start: float) -> Panel:
     return Panel(g, title="failure")
 
 
-async def _run(p: Pipeline, report: Path | None, until_found: bool, live: bool, max_wall_s: float) -> int:
+async def _run(
+    p: Pipeline, report: Path | None, until_found: bool, live: bool, max_wall_s: float, keep_logs: bool = False
+) -> int:
     rc = 1
     with Live(_view(p), console=console, refresh_per_second=4, transient=False, auto_refresh=live) as lv:
         try:
@@ -105,23 +110,24 @@ async def _run(p: Pipeline, report: Path | None, until_found: bool, live: bool, 
         console.print(_failure_panel(f, p.result.sim_start))
     for r in p.result.remediations:
         colour = "green" if r.decision.value in ("executed", "dry-run") else "yellow"
-        console.print(
-            Panel(
-                f"[{colour}]{r.decision.value}[/] {r.action.value} {r.node}: {r.reason}\nargv: {r.argv}",
-                title="drain decision",
-            )
-        )
+        body = f"[{colour}]{r.decision.value}[/] {r.action.value} {escape(r.node)}: {escape(r.reason)}"
+        console.print(Panel(f"{body}\nargv: {escape(str(r.argv))}", title="drain decision"))
     sc = rep["score"]
+    ttf = rep["stats"]["time_to_first_failure_s"]
     console.print(
         f"score: {len(sc['found'])}/{sc['expected']} expected found, {len(sc['missed'])} missed, "
-        f"{len(sc['false_positives'])} false positives; time to first failure "
-        f"{rep['stats']['time_to_first_failure_s']} s; logs in {p.workdir / 'logs'}"
+        f"{len(sc['false_positives'])} false positives; "
+        + (f"first failure on the bus {ttf} s after start" if ttf is not None else "no failure reported")
     )
+    if not sc["passed"] or keep_logs:
+        console.print(f"service logs kept in {p.workdir / 'logs'}")
     if report:
         report.write_bytes(orjson.dumps(rep, option=orjson.OPT_INDENT_2))
         console.print(f"report written to {report}")
     if sc["passed"]:
         rc = 0
+        if not keep_logs:
+            shutil.rmtree(p.workdir, ignore_errors=True)
     return rc
 
 
@@ -134,6 +140,7 @@ def _go(
     max_wall_s: float,
     enforce: bool,
     live: bool,
+    keep_logs: bool = False,
 ) -> None:
     try:
         sc = load_scenario(scenario)
@@ -142,12 +149,12 @@ def _go(
         raise typer.Exit(2) from exc
     p = Pipeline(Path(scenario), sc, speed=speed, bootstrap_servers=bootstrap, enforce=enforce)
     try:
-        rc = asyncio.run(_run(p, report, until_found, live, max_wall_s))
+        rc = asyncio.run(_run(p, report, until_found, live, max_wall_s, keep_logs))
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: services stopped[/]")
         raise typer.Exit(130) from None
-    except RuntimeError as exc:
-        console.print(f"[red]error:[/] {exc}")
+    except (RuntimeError, OSError) as exc:
+        console.print(f"\n[red]error:[/] {escape(str(exc))}\nservice logs in {p.workdir / 'logs'}")
         raise typer.Exit(1) from exc
     raise typer.Exit(rc)
 
@@ -162,6 +169,7 @@ def demo(
     speed: Annotated[float, typer.Option(min=0.1, max=50, help="Scenario seconds per wall second")] = 1.0,
     bootstrap_servers: Bootstrap = None,
     live: Annotated[bool, typer.Option(help="Refresh the live view (off: print it on change only)")] = True,
+    keep_logs: Annotated[bool, typer.Option(help="Keep the service logs even when the run passes")] = False,
 ) -> None:
     """Simulated 8-node H100 fleet, one training job, XID 79 on one GPU: find it, attribute it, drain the node."""
     with DEMO_SCENARIO.open("rb"):  # fail early if the package data is missing
@@ -175,6 +183,7 @@ def demo(
         max_wall_s=300,
         enforce=True,
         live=live,
+        keep_logs=keep_logs,
     )
 
 
@@ -185,6 +194,17 @@ def simulate(
     bootstrap_servers: Bootstrap = None,
     enforce: Annotated[bool, typer.Option(help="Let the remediator drain nodes of the simulated Slurm")] = True,
     live: Annotated[bool, typer.Option(help="Refresh the live view")] = True,
+    keep_logs: Annotated[bool, typer.Option(help="Keep the service logs even when the run passes")] = False,
 ) -> None:
     """Run a scenario through the whole pipeline and score it (exit 0 when every expectation is met)."""
-    _go(scenario, report, speed, bootstrap_servers, until_found=False, max_wall_s=3600, enforce=enforce, live=live)
+    _go(
+        scenario,
+        report,
+        speed,
+        bootstrap_servers,
+        until_found=False,
+        max_wall_s=3600,
+        enforce=enforce,
+        live=live,
+        keep_logs=keep_logs,
+    )

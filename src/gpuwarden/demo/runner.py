@@ -124,8 +124,9 @@ class RunResult:
                     "node": r.node,
                     "action": r.action.value,
                     "dry_run": r.dry_run,
-                    "reason": r.reason,
+                    "reason": _drain_reason(r),
                     "decision": r.decision.value,
+                    "decision_reason": r.reason,
                     "argv": r.argv,
                     "failure_ids": r.failure_ids,
                 }
@@ -140,6 +141,14 @@ class RunResult:
                 "service_ready_s": self.ready_s,
             },
         }
+
+
+def _drain_reason(r: Remediation) -> str:
+    """The Slurm reason the command sets (``reason=...`` in argv), else the decision's reason."""
+    for a in r.argv:
+        if a.startswith("reason="):
+            return a.removeprefix("reason=")
+    return r.reason
 
 
 def score(scenario: Scenario, failures: list[Failure], sim_start: float) -> dict[str, Any]:
@@ -166,6 +175,8 @@ def score(scenario: Scenario, failures: list[Failure], sim_start: float) -> dict
                 hit = (f, delay)
                 break
         row = exp.model_dump(exclude_none=True)
+        if "job" in row:
+            row["job"] = str(row["job"])  # job ids are strings on the bus
         if hit:
             used.add((hit[0].pattern, hit[0].node, hit[0].gpu_index))
             found.append({**row, "delay_s": round(hit[1], 3), "failure_id": hit[0].failure_id})
@@ -233,6 +244,7 @@ class Pipeline:
         self.result = RunResult(scenario)
         self._reader: AIOKafkaConsumer | None = None
         self.phase = "starting"
+        self.sim_t = 0.0
 
     # -- environment --------------------------------------------------------------------
     def _env(self, name: str, port: int) -> dict[str, str]:

@@ -98,7 +98,11 @@ class Producer:
             request_timeout_ms=30000,
             max_batch_size=1 << 20,
         )
-        await p.start()
+        try:
+            await p.start()
+        except BaseException:
+            await p.stop()  # release the half-open client: no "Unclosed AIOKafkaProducer"
+            raise
         self._producer = p
 
     async def stop(self) -> None:
@@ -131,6 +135,10 @@ class Producer:
 def decode(topic: str, value: bytes | None) -> BaseModel:
     """Parse a message value of a registered topic into its model.
 
+    Fields unknown to this version (added by a newer producer) are dropped with a warning
+    instead of rejecting the message, so a rolling upgrade loses nothing; every other
+    schema violation is an error.
+
     Raises:
         ValueError: not JSON, or no value.
         pydantic.ValidationError: JSON that does not match the topic's schema.
@@ -144,7 +152,31 @@ def decode(topic: str, value: bytes | None) -> BaseModel:
         raise ValueError(f"not JSON: {exc}") from exc
     if spec.model is None:
         raise ValueError(f"topic {topic} has no schema")
-    return spec.model.model_validate(data)
+    try:
+        return spec.model.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors()
+        if not errors or any(e["type"] != "extra_forbidden" for e in errors):
+            raise
+        # Only fields this version does not know: a newer producer of the same schema
+        # version (a rolling upgrade). Drop them and keep the message; warn once per field.
+        for e in errors:
+            _drop(data, e["loc"])
+            path = f"{topic}:{'.'.join(str(p) for p in e['loc'] if not isinstance(p, int))}"
+            if path not in _IGNORED_FIELDS:
+                _IGNORED_FIELDS.add(path)
+                log.warning("ignoring unknown field %s (newer producer? upgrade this service)", path)
+        return spec.model.model_validate(data)
+
+
+_IGNORED_FIELDS: set[str] = set()
+
+
+def _drop(data: Any, loc: tuple[int | str, ...]) -> None:
+    for part in loc[:-1]:
+        data = data[part]
+    if isinstance(data, dict):
+        data.pop(loc[-1], None)
 
 
 Handler = Callable[[str, BaseModel, ConsumerRecord], Awaitable[None]]
@@ -197,7 +229,11 @@ class Consumer:
             max_poll_interval_ms=300000,
             fetch_max_wait_ms=100,
         )
-        await c.start()
+        try:
+            await c.start()
+        except BaseException:
+            await c.stop()
+            raise
         self._consumer = c
 
     async def stop(self) -> None:

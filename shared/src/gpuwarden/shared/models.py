@@ -22,6 +22,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "PATTERNS",
     "SCHEMA_VERSION",
     "Action",
     "AttributedEvent",
@@ -49,6 +50,17 @@ __all__ = [
 ]
 
 SCHEMA_VERSION: Literal[1] = 1
+
+#: The canonical failure patterns (DESIGN section 5): the values of ``Failure.pattern``.
+PATTERNS = frozenset(
+    """gpu-fallen-off-bus gpu-missing uncorrectable-ecc row-remap-pending row-remap-failure
+    contained-memory-error uncontained-memory-error gsp-firmware-error nvlink-error nvlink-link-down
+    pcie-link-degraded pcie-replay-storm correctable-ecc-storm retired-pages thermal-throttle power-brake
+    power-cap-throttle clocks-low driver-fault xid-application-fault repeat-offender-gpu nvswitch-fatal
+    xid-other straggler-gpu straggler-node idle-allocation partial-idle-allocation input-starvation
+    checkpoint-stall collective-hang gpu-memory-leak low-tensor-activity zombie-process telemetry-silent
+    health-check-failed""".split()
+)
 
 
 class Model(BaseModel):
@@ -110,6 +122,41 @@ class GpuSample(Model):
     pcie_link_gen: int | None = Field(None, ge=0, description="Current PCIe link generation")
     pcie_link_width: int | None = Field(None, ge=0, description="Current PCIe link width, lanes")
     energy_j: float | None = Field(None, ge=0, description="Energy since driver load, J")
+    serial: str | None = Field(None, description="Board serial number")
+    vbios_version: str | None = None
+    memory_free_mib: float | None = Field(None, ge=0, description="Framebuffer memory free, MiB")
+    memory_reserved_mib: float | None = Field(None, ge=0, description="Framebuffer memory reserved by the driver, MiB")
+    temperature_slowdown_c: float | None = Field(None, description="Slowdown temperature threshold, C")
+    temperature_shutdown_c: float | None = Field(None, description="Shutdown temperature threshold, C")
+    power_management_limit_w: float | None = Field(None, ge=0, description="Power management limit, W")
+    graphics_clock_mhz: float | None = Field(None, ge=0, description="Graphics clock, MHz")
+    max_memory_clock_mhz: float | None = Field(None, ge=0, description="Maximum memory clock, MHz")
+    max_graphics_clock_mhz: float | None = Field(None, ge=0, description="Maximum graphics clock, MHz")
+    performance_state: int | None = Field(None, ge=0, le=32, description="Performance state N of PN (0 = P0)")
+    ecc_sbe_aggregate: int | None = Field(None, ge=0, description="Correctable ECC errors, lifetime, count")
+    ecc_dbe_aggregate: int | None = Field(None, ge=0, description="Uncorrectable ECC errors, lifetime, count")
+    retired_pages_sbe: int | None = Field(None, ge=0, description="Pages retired for multiple single-bit errors")
+    retired_pages_dbe: int | None = Field(None, ge=0, description="Pages retired for double-bit errors")
+    retired_pages_pending: bool | None = Field(None, description="A page retirement waits for a reboot")
+    remapped_rows_correctable: int | None = Field(None, ge=0, description="Rows remapped for correctable errors")
+    remapped_rows_uncorrectable: int | None = Field(None, ge=0, description="Rows remapped for uncorrectable errors")
+    pcie_link_gen_max: int | None = Field(None, ge=0, description="Maximum PCIe link generation")
+    pcie_link_width_max: int | None = Field(None, ge=0, description="Maximum PCIe link width, lanes")
+    pcie_tx_kbps: float | None = Field(None, ge=0, description="PCIe transmit throughput, KB/s")
+    pcie_rx_kbps: float | None = Field(None, ge=0, description="PCIe receive throughput, KB/s")
+    fan_speed_pct: Pct = Field(None, description="Fan speed, % of maximum")
+    nvlinks: list[dict[str, Any]] | None = Field(
+        None,
+        description="Per NVLink: link (int), active (bool), crc_flit_errors, crc_data_errors, replay_errors, "
+        "recovery_errors (counts; a counter the GPU does not report is absent)",
+    )
+    processes: list[dict[str, Any]] | None = Field(
+        None, description="Compute processes: pid (int), used_memory_mib (float or absent)"
+    )
+    mig_mode: bool | None = Field(None, description="MIG mode currently enabled")
+    mig_instances: int | None = Field(None, ge=0, description="MIG GPU instances present")
+    sm_occupancy_pct: Pct = Field(None, description="GPM SM occupancy (Hopper+), %")
+    tensor_activity_pct: Pct = Field(None, description="GPM tensor pipe activity (Hopper+), %")
 
 
 class NodeSample(Model):
@@ -152,6 +199,11 @@ class GpuEvent(Model):
     message: str = Field("", description="The driver's text after the code")
     raw: str = Field(description="The original log line, unchanged")
     source: str = Field(description="kmsg, nvml-event, replay, simulated")
+    channel: int | None = Field(None, description="GPU channel printed with the XID (``Ch 0000000c``/``channel 0x0c``)")
+    fatal: bool | None = Field(
+        None, description="True for a Fatal, False for a Non-fatal/Nonfatal token; None if absent"
+    )
+    caused_by_xid: int | None = Field(None, description="The XID a secondary XID names as its cause, if printed")
 
 
 class JobState(Model):
@@ -173,6 +225,11 @@ class JobState(Model):
     end_ts: float | None = Field(None, description="Job end (or time limit end while running), epoch s")
     exit_code: int | None = None
     snapshot: bool = Field(False, description="True when part of a periodic full snapshot")
+    submit_ts: float | None = Field(None, description="Job submission, epoch s")
+    reason: str | None = Field(None, description="Slurm's state reason (pending reason, NonZeroExitCode...)")
+    confirmed: bool | None = Field(
+        None, description="End state confirmed from accounting (sacct) when True; None when not checked"
+    )
 
 
 class NodeState(Model):

@@ -13,7 +13,7 @@ from typing import Any
 
 import hostlist
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 __all__ = ["Cluster", "Expectation", "Fault", "Scenario", "ScenarioClock", "ScenarioJob", "load_scenario"]
 
@@ -126,6 +126,16 @@ class Fault(_Strict):
 
 class Expectation(_Strict):
     pattern: str
+
+    @field_validator("pattern")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from .models import PATTERNS
+
+        if v not in PATTERNS:
+            raise ValueError(f"unknown pattern {v!r} (the canonical patterns are listed in DESIGN section 5)")
+        return v
+
     node: str | None = None
     gpu: int | None = None
     job: int | str | None = None
@@ -195,7 +205,14 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ValueError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a scenario is a YAML mapping")
-    return Scenario.model_validate(data)
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for e in exc.errors():
+            where = ".".join(str(p) for p in e["loc"]) or "scenario"
+            problems.append(f"{where}: {e['msg'].removeprefix('Value error, ')}")
+        raise ValueError(f"{path}: invalid scenario: " + "; ".join(problems)) from None
 
 
 class ScenarioClock:

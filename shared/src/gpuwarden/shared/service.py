@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
@@ -187,19 +188,21 @@ class Service:
             await asyncio.sleep(0.5)
 
 
-async def _serve(service: Lifecycle, ready: Callable[[], None] | None = None) -> int:
+async def _serve(factory: Callable[[], Lifecycle], ready: Callable[[], None] | None = None) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    service = factory()
     try:
         await service.start()
         if ready:
             ready()
         waiters: list[asyncio.Task[Any]] = [asyncio.create_task(stop.wait())]
-        if isinstance(service, Service):
-            waiters.append(asyncio.create_task(service.wait_failed()))
+        wait_failed = getattr(service, "wait_failed", None)
+        if wait_failed is not None:
+            waiters.append(asyncio.create_task(wait_failed()))
         done, pending = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         for p in pending:
             p.cancel()
@@ -213,13 +216,35 @@ async def _serve(service: Lifecycle, ready: Callable[[], None] | None = None) ->
         await service.stop()
 
 
-def run_service(factory: Callable[[], Lifecycle], log_level: str = "INFO") -> int:
+def run_service(factory: Callable[[], Lifecycle], log_level: str | None = None) -> int:
     """Run a service until SIGTERM/SIGINT (graceful: commit offsets, flush producers).
 
-    Returns the process exit code: 0 after a signal, 1 after a task crashed.
+    ``factory`` builds the settings and the service (so bad settings are reported here).
+    Returns the process exit code: 0 after a signal, 1 after a task crashed, 2 when the
+    settings are invalid or the service cannot start (Kafka unreachable, bad file): then a
+    one-line ``error: ...`` goes to stderr instead of a traceback.
     """
+    from aiokafka.errors import KafkaError
+    from pydantic import ValidationError
+
+    from .settings import describe_settings_error
+
+    level = (log_level or os.environ.get("GPUWARDEN_LOG_LEVEL", "INFO")).upper()
     logging.basicConfig(
-        level=getattr(logging, log_level.upper(), logging.INFO),
+        level=getattr(logging, level, logging.INFO),
         format=f"%(asctime)s %(levelname)s [{socket.gethostname()}:%(process)d] %(name)s: %(message)s",
     )
-    return asyncio.run(_serve(factory()))
+    try:
+        return asyncio.run(_serve(factory))
+    except ValidationError as exc:
+        print(f"error: {describe_settings_error(exc)}", file=sys.stderr)
+    except KafkaError as exc:
+        servers = os.environ.get("GPUWARDEN_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
+        print(
+            f"error: cannot reach Kafka at {servers} ({type(exc).__name__}: {exc}); "
+            "set GPUWARDEN_BOOTSTRAP_SERVERS or start one with: gpuwarden broker",
+            file=sys.stderr,
+        )
+    except (ValueError, OSError) as exc:
+        print(f"error: cannot start: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return 2

@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["BusSettings", "ServiceSettings"]
+__all__ = ["BusSettings", "ServiceSettings", "describe_settings_error"]
+
+
+def describe_settings_error(exc: ValidationError, prefix: str = "GPUWARDEN_") -> str:
+    """One line per bad setting, named by its environment variable, e.g.
+    ``GPUWARDEN_HTTP_PORT='x': Input should be a valid integer``."""
+    lines = []
+    for e in exc.errors():
+        field = "_".join(str(p) for p in e["loc"]) or "?"
+        got = e.get("input")
+        shown = f"={got!r}" if isinstance(got, str | int | float) else ""
+        lines.append(f"{prefix}{field.upper()}{shown}: {e['msg']}")
+    return "invalid settings: " + "; ".join(lines)
 
 
 class BusSettings(BaseSettings):
@@ -33,6 +47,15 @@ class ServiceSettings(BusSettings):
 
     http_host: str = Field("127.0.0.1", description="Bind address of /healthz and /metrics")
     http_port: int = Field(0, ge=0, le=65535, description="Port of /healthz and /metrics (0 = a free port)")
-    log_level: str = Field("INFO", description="Python logging level")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field(
+        "INFO", description="Python logging level"
+    )
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, v: object) -> object:
+        return v.upper() if isinstance(v, str) else v
+
     consumer_group: str | None = Field(None, description="Kafka consumer group (default: gpuwarden-<service>)")
-    auto_offset_reset: str = Field("earliest", description="Where a new consumer group starts: earliest|latest")
+    auto_offset_reset: Literal["earliest", "latest"] = Field(
+        "earliest", description="Where a new consumer group starts: earliest|latest"
+    )

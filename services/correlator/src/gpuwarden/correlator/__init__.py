@@ -1,14 +1,23 @@
 """gpuwarden correlator: attributes GPU samples and events to the Slurm jobs holding the GPUs.
 
 A faust-streaming app (:func:`create_app`) whose agents only move bytes; the join is pure
-(:mod:`gpuwarden.correlator.join`) and the message handling (decode, join, dead-letter) is
+(:mod:`gpuwarden.shared.allocations`) and the message handling (decode, join, dead-letter) is
 in :class:`Correlator`, testable without a broker.
 """
 
 from __future__ import annotations
 
+from gpuwarden.shared.allocations import (
+    Allocation,
+    apply_allocation,
+    attribute_event,
+    attribute_sample,
+    attributions_at,
+    expire,
+    fan_out,
+)
+
 from .core import INPUT_TOPICS, OUTPUT_TOPICS, AllocationStore, Correlator, MemoryAllocationStore, Output
-from .join import Allocation, apply_allocation, attribute_event, attribute_sample, attributions_at, expire, fan_out
 from .settings import CorrelatorSettings
 
 __all__ = [

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import signal
-import socket
 
 import typer
 
 from .app import CorrelatorService
 from .settings import CorrelatorSettings
 
-__all__ = ["app", "main", "serve"]
+__all__ = ["app", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -26,37 +22,12 @@ app = typer.Typer(
 )
 
 
-async def serve(service: CorrelatorService) -> int:
-    """Run ``service`` until SIGTERM/SIGINT (exit code 0) or until the faust app crashes (1)."""
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    try:
-        await service.start()
-        stopped = asyncio.create_task(stop.wait())
-        failed = asyncio.create_task(service.wait_failed())
-        done, pending = await asyncio.wait({stopped, failed}, return_when=asyncio.FIRST_COMPLETED)
-        for p in pending:
-            p.cancel()
-        rc = 0
-        if failed in done:
-            log.error("correlator: stopping after a crash: %r", failed.result())
-            rc = 1
-        return rc
-    finally:
-        await service.stop()
-
-
 def main(settings: CorrelatorSettings | None = None) -> int:
-    """Build the settings from the environment, configure logging and run; returns the exit code."""
-    s = settings or CorrelatorSettings()
-    logging.basicConfig(
-        level=getattr(logging, s.log_level.upper(), logging.INFO),
-        format=f"%(asctime)s %(levelname)s [{socket.gethostname()}:%(process)d] %(name)s: %(message)s",
-    )
-    return asyncio.run(serve(CorrelatorService(s)))
+    """Build the settings from the environment and run until SIGTERM; returns the exit code
+    (0 after a signal, 1 after a crash, 2 for bad settings or an unreachable broker)."""
+    from gpuwarden.shared.service import run_service
+
+    return run_service(lambda: CorrelatorService(settings or CorrelatorSettings()))
 
 
 @app.callback()

@@ -1,7 +1,7 @@
 """The correlator's message handling, without Kafka or faust.
 
 :class:`Correlator` takes one raw message of an input topic (bytes, as consumed), decodes
-and validates it, runs the pure join logic of :mod:`gpuwarden.correlator.join` against an
+and validates it, runs the pure join logic of :mod:`gpuwarden.shared.allocations` against an
 :class:`AllocationStore` (a faust Table in the service, a dict in tests) and returns the
 messages to publish. A message that is not JSON, fails its schema or makes the handler
 raise becomes a :class:`~gpuwarden.shared.models.DeadLetter` output instead: nothing is
@@ -20,11 +20,7 @@ from typing import Any, Protocol
 import orjson
 from pydantic import ValidationError
 
-from gpuwarden.shared.bus import decode
-from gpuwarden.shared.metrics import ServiceMetrics
-from gpuwarden.shared.models import DeadLetter, GpuEvent, JobState, NodeSample, dumps
-
-from .join import (
+from gpuwarden.shared.allocations import (
     Allocation,
     apply_allocation,
     attribute_event,
@@ -34,6 +30,9 @@ from .join import (
     fan_out,
     load_allocations,
 )
+from gpuwarden.shared.bus import decode
+from gpuwarden.shared.metrics import ServiceMetrics
+from gpuwarden.shared.models import DeadLetter, GpuEvent, JobState, NodeSample, dumps
 
 __all__ = ["INPUT_TOPICS", "OUTPUT_TOPICS", "AllocationStore", "Correlator", "MemoryAllocationStore", "Output"]
 

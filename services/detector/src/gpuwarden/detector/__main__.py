@@ -1,7 +1,6 @@
-from gpuwarden.shared.service import run_service
+"""``python -m gpuwarden.detector [--help]``: the same command as ``gpuwarden detector``."""
 
-from .service import DetectorService, DetectorSettings
+from .cli import app
 
 if __name__ == "__main__":
-    _s = DetectorSettings()
-    raise SystemExit(run_service(lambda: DetectorService(_s), _s.log_level))
+    app(prog_name="python -m gpuwarden.detector")

@@ -15,49 +15,10 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gpuwarden.shared.models import Action, Category, Severity
+from gpuwarden.shared.models import PATTERNS, Action, Category, Severity
 
 __all__ = ["PATTERNS", "Catalog", "CatalogError", "CostModel", "Match", "Rule", "load_catalog"]
 
-PATTERNS = frozenset(
-    [
-        "gpu-fallen-off-bus",
-        "gpu-missing",
-        "uncorrectable-ecc",
-        "row-remap-pending",
-        "row-remap-failure",
-        "contained-memory-error",
-        "uncontained-memory-error",
-        "gsp-firmware-error",
-        "nvlink-error",
-        "nvlink-link-down",
-        "pcie-link-degraded",
-        "pcie-replay-storm",
-        "correctable-ecc-storm",
-        "retired-pages",
-        "thermal-throttle",
-        "power-brake",
-        "power-cap-throttle",
-        "clocks-low",
-        "driver-fault",
-        "xid-application-fault",
-        "repeat-offender-gpu",
-        "nvswitch-fatal",
-        "xid-other",
-        "straggler-gpu",
-        "straggler-node",
-        "idle-allocation",
-        "partial-idle-allocation",
-        "input-starvation",
-        "checkpoint-stall",
-        "collective-hang",
-        "gpu-memory-leak",
-        "low-tensor-activity",
-        "zombie-process",
-        "telemetry-silent",
-        "health-check-failed",
-    ]
-)
 _FIELDS = {"node", "gpu", "job_text", "code", "message"}
 
 
@@ -147,7 +108,10 @@ def load_catalog(path: str | Path | None = None) -> Catalog:
     Raises:
         CatalogError: unreadable YAML or a rule that fails validation.
     """
-    text = Path(path).read_text() if path else files(__package__).joinpath("catalog.yaml").read_text()
+    try:
+        text = Path(path).read_text() if path else files(__package__).joinpath("catalog.yaml").read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CatalogError(f"{path}: cannot read: {exc}") from exc
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

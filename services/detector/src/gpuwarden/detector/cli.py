@@ -23,8 +23,7 @@ def run(ctx: typer.Context) -> None:
 
     from .service import DetectorService, DetectorSettings
 
-    s = DetectorSettings()
-    raise typer.Exit(run_service(lambda: DetectorService(s), s.log_level))
+    raise typer.Exit(run_service(lambda: DetectorService(DetectorSettings())))
 
 
 @app.command("check-catalog")

@@ -5,12 +5,19 @@ records using the catalog. Repeats of the same rule on the same node and GPU wit
 rule's burst window fold into one episode (same ``failure_id``); an update is re-emitted
 at most every ``update_interval_s`` of event time so a burst of 100 lines yields a handful
 of messages, not 100.
+
+Job attribution does not depend on arrival order: the detector keeps its own per-node GPU
+allocations from ``slurm.jobs`` (event-time intervals). An event that arrives before its
+job is known opens a failure without a job; when the job's state arrives later, the open
+failure is re-emitted (same ``failure_id``) with the job, user, partition and cost. So a
+replay at any speed ends with the same failures.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpuwarden.shared.allocations import Allocation, apply_allocation, attributions_at, expire, fan_out
 from gpuwarden.shared.models import (
     AttributedEvent,
     AttributedSample,
@@ -18,6 +25,8 @@ from gpuwarden.shared.models import (
     Evidence,
     Failure,
     GpuAttribution,
+    GpuEvent,
+    JobState,
     stable_id,
 )
 
@@ -26,19 +35,28 @@ from .catalog import Catalog, Rule
 __all__ = ["Detector", "Episode"]
 
 MAX_EVIDENCE = 20
-
-
-@dataclass
-class Episode:
-    failure: Failure
-    last_emitted: float
-    evidence: list[Evidence] = field(default_factory=list)
+NO_JOB = "which job was affected: no Slurm allocation covered this GPU at the event time"
 
 
 @dataclass
 class _GpuInfo:
     uuid: str | None = None
     pci_bus_id: str | None = None
+
+
+@dataclass
+class Episode:
+    """One open failure: its rule, first event, what is known so far, and the emitted state."""
+
+    rule: Rule
+    first: GpuEvent
+    job: GpuAttribution | None
+    info: _GpuInfo | None
+    last_seen: float
+    occurrences: int = 1
+    evidence: list[Evidence] = field(default_factory=list)
+    last_emitted: float = 0.0
+    failure: Failure | None = None
 
 
 class Detector:
@@ -48,25 +66,45 @@ class Detector:
         catalog: the validated rules.
         price_usd_per_gpu_hour: cost model price, USD per GPU-hour.
         update_interval_s: minimum event-time gap between two emitted updates of one episode, s.
+        allocation_retention_s: how long (event time) ended jobs stay known for late events, s.
     """
 
-    def __init__(self, catalog: Catalog, price_usd_per_gpu_hour: float = 3.26, update_interval_s: float = 30.0):
+    def __init__(
+        self,
+        catalog: Catalog,
+        price_usd_per_gpu_hour: float = 3.26,
+        update_interval_s: float = 30.0,
+        allocation_retention_s: float = 24 * 3600.0,
+    ) -> None:
         self.catalog = catalog
         self.price = price_usd_per_gpu_hour
         self.update_interval_s = update_interval_s
+        self.retention_s = allocation_retention_s
         self.episodes: dict[tuple[str, str, int | None], Episode] = {}
         self._gpus: dict[tuple[str, int], _GpuInfo] = {}
-        self._jobs: dict[tuple[str, int], tuple[float, GpuAttribution]] = {}
+        self._allocs: dict[str, dict[str, Allocation]] = {}
 
     # -- inputs ----------------------------------------------------------------------
     def on_sample(self, msg: AttributedSample) -> list[Failure]:
-        """Remember GPU identities and job attribution of a node (used to enrich events)."""
+        """Remember GPU identities (UUID, PCI bus id) of a node, used to enrich events."""
         s = msg.sample
         for g in s.gpus:
             self._gpus[(s.node, g.index)] = _GpuInfo(g.uuid, g.pci_bus_id)
-        for a in msg.jobs:
-            self._jobs[(s.node, a.gpu_index)] = (s.ts, a)
         return []
+
+    def on_job(self, job: JobState) -> list[Failure]:
+        """Update the allocation table; re-emit open failures this job now explains."""
+        nodes = set()
+        for a in fan_out(job):
+            self._allocs[a.node] = expire(apply_allocation(self._allocs.get(a.node, {}), a), job.ts, self.retention_s)
+            nodes.add(a.node)
+        out = []
+        for ep in self.episodes.values():
+            if ep.job is None and ep.first.node in nodes and ep.first.gpu_index is not None:
+                ep.job = self._job_at(ep.first.node, ep.first.gpu_index, ep.first.ts)
+                if ep.job is not None:
+                    out.append(self._emit(ep))
+        return out
 
     def on_event(self, msg: AttributedEvent) -> list[Failure]:
         """Failures opened or updated by one event (empty if no rule matches or in a quiet burst)."""
@@ -74,15 +112,8 @@ class Detector:
         rule = self.catalog.for_event(ev.kind.value, ev.code)
         if rule is None:
             return []
-        job = msg.job
-        if job is None and ev.gpu_index is not None:
-            seen = self._jobs.get((ev.node, ev.gpu_index))
-            # attribution from a sample is only trusted if the job had started by the event
-            if seen and (seen[1].job_start_ts is None or seen[1].job_start_ts <= ev.ts):
-                job = seen[1]
-        info = self._gpus.get((ev.node, ev.gpu_index)) if ev.gpu_index is not None else None
         evidence = Evidence(
-            signal=f"{ev.kind.value}",
+            signal=ev.kind.value,
             value=ev.code if ev.code is not None else ev.message,
             unit="code",
             threshold=None,
@@ -91,29 +122,38 @@ class Detector:
         )
         key = (rule.id, ev.node, ev.gpu_index)
         ep = self.episodes.get(key)
-        if ep is not None and ev.ts - ep.failure.last_seen <= rule.burst_window_s and ev.ts >= ep.failure.first_seen:
-            return self._update(ep, rule, ev.ts, evidence)
-        if ep is not None and ev.ts < ep.failure.first_seen:
+        if ep is not None and ev.ts < ep.first.ts:
             return []  # older than the open episode: a late duplicate of history already reported
-        failure = self._open(rule, msg, job, info, evidence)
-        self.episodes[key] = Episode(failure, failure.last_seen, [evidence])
-        return [failure]
+        if ep is not None and ev.ts - ep.last_seen <= rule.burst_window_s:
+            if ev.event_id == ep.first.event_id:
+                return []  # redelivery of the event that opened the episode
+            ep.occurrences += 1
+            ep.last_seen = max(ep.last_seen, ev.ts)
+            if len(ep.evidence) < MAX_EVIDENCE:
+                ep.evidence.append(evidence)
+            if ev.ts - ep.last_emitted >= self.update_interval_s:
+                return [self._emit(ep)]
+            return []
+        job = msg.job
+        if job is None and ev.gpu_index is not None:
+            job = self._job_at(ev.node, ev.gpu_index, ev.ts)
+        info = self._gpus.get((ev.node, ev.gpu_index)) if ev.gpu_index is not None else None
+        ep = Episode(rule=rule, first=ev, job=job, info=info, last_seen=ev.ts, evidence=[evidence])
+        self.episodes[key] = ep
+        return [self._emit(ep)]
 
     # -- helpers ---------------------------------------------------------------------
-    def _cost(self, rule: Rule, job: GpuAttribution | None, first: float, last: float) -> CostEstimate:
-        gpus = 1
-        if rule.cost.scope == "job" and job is not None and job.job_gpus:
-            gpus = job.job_gpus
-        return CostEstimate(
-            affected_gpus=gpus,
-            usd_per_hour=round(gpus * self.price, 4),
-            gpu_hours_lost=round(gpus * max(0.0, last - first) / 3600.0, 6),
-        )
+    def _job_at(self, node: str, gpu: int, ts: float) -> GpuAttribution | None:
+        found = attributions_at(self._allocs.get(node, {}), ts, [gpu])
+        return found[0] if found else None
 
-    def _open(
-        self, rule: Rule, msg: AttributedEvent, job: GpuAttribution | None, info: _GpuInfo | None, evidence: Evidence
-    ) -> Failure:
-        ev = msg.event
+    def _emit(self, ep: Episode) -> Failure:
+        ep.last_emitted = ep.last_seen
+        ep.failure = self._render(ep)
+        return ep.failure
+
+    def _render(self, ep: Episode) -> Failure:
+        rule, ev, job, info = ep.rule, ep.first, ep.job, ep.info
         gpu_text = str(ev.gpu_index) if ev.gpu_index is not None else f"at PCI {ev.pci_bus_id or 'unknown'}"
         job_text = f"job {job.job_id} ({job.user or 'unknown user'})" if job else "no Slurm job (idle GPU)"
         verdict = rule.verdict.format(node=ev.node, gpu=gpu_text, job_text=job_text, code=ev.code, message=ev.message)
@@ -121,7 +161,8 @@ class Detector:
         if ev.gpu_index is None:
             cannot.insert(0, "which GPU index the PCI bus id maps to (no sample from this node yet)")
         if job is None:
-            cannot.append("which job was affected: no Slurm allocation covered this GPU at the event time")
+            cannot.append(NO_JOB)
+        gpus = job.job_gpus if rule.cost.scope == "job" and job is not None and job.job_gpus else 1
         return Failure(
             failure_id=stable_id(rule.id, ev.node, ev.gpu_index, ev.ts),
             pattern=rule.pattern,
@@ -136,35 +177,15 @@ class Detector:
             user=job.user if job else None,
             partition=job.partition if job else None,
             first_seen=ev.ts,
-            last_seen=ev.ts,
-            evidence=[evidence],
+            last_seen=ep.last_seen,
+            occurrences=ep.occurrences,
+            evidence=list(ep.evidence),
             verdict=verdict,
             cannot_determine=cannot,
             recommended_action=rule.action,
-            cost=self._cost(rule, job, ev.ts, ev.ts),
+            cost=CostEstimate(
+                affected_gpus=gpus,
+                usd_per_hour=round(gpus * self.price, 4),
+                gpu_hours_lost=round(gpus * max(0.0, ep.last_seen - ev.ts) / 3600.0, 6),
+            ),
         )
-
-    def _update(self, ep: Episode, rule: Rule, ts: float, evidence: Evidence) -> list[Failure]:
-        f = ep.failure
-        if len(ep.evidence) < MAX_EVIDENCE:
-            ep.evidence.append(evidence)
-        last = max(f.last_seen, ts)
-        job = (
-            GpuAttribution(gpu_index=f.gpu_index or 0, job_id=f.job_id, job_gpus=f.cost.affected_gpus)
-            if f.job_id
-            else None
-        )
-        ep.failure = f.model_copy(
-            update={
-                "last_seen": last,
-                "occurrences": f.occurrences + 1,
-                "evidence": list(ep.evidence),
-                "cost": self._cost(rule, job, f.first_seen, last)
-                if job
-                else self._cost(rule, None, f.first_seen, last),
-            }
-        )
-        if ts - ep.last_emitted >= self.update_interval_s:
-            ep.last_emitted = ts
-            return [ep.failure]
-        return []

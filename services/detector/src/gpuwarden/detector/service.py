@@ -1,4 +1,4 @@
-"""The detector service: ``gpu.events.attributed`` + ``gpu.attributed`` -> ``failures``."""
+"""The detector service: ``gpu.events.attributed`` + ``gpu.attributed`` + ``slurm.jobs`` -> ``failures``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import Field
 
 from gpuwarden.shared.bus import Producer
-from gpuwarden.shared.models import AttributedEvent, AttributedSample, Failure
+from gpuwarden.shared.models import AttributedEvent, AttributedSample, Failure, JobState
 from gpuwarden.shared.service import Service
 from gpuwarden.shared.settings import ServiceSettings
 
@@ -42,7 +42,7 @@ class DetectorService(Service):
         self.failures_out = 0
 
     async def on_start(self) -> None:
-        self.consume(["gpu.events.attributed", "gpu.attributed"], self.handle)
+        self.consume(["gpu.events.attributed", "gpu.attributed", "slurm.jobs"], self.handle)
 
     async def handle(self, topic: str, value: Any, _record: Any = None) -> None:
         """Apply the engine to one decoded message and publish what it yields."""
@@ -50,6 +50,8 @@ class DetectorService(Service):
             out = self.detector.on_event(value)
         elif isinstance(value, AttributedSample):
             out = self.detector.on_sample(value)
+        elif isinstance(value, JobState):
+            out = self.detector.on_job(value)
         else:  # pragma: no cover - the consumer only delivers registered models
             raise TypeError(f"unexpected {type(value).__name__} on {topic}")
         for f in out:

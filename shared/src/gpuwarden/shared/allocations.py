@@ -1,9 +1,9 @@
-"""Pure join logic of the correlator: Slurm jobs -> per-node allocations -> attribution.
+"""Pure join logic: Slurm jobs -> per-node GPU allocations -> attribution (correlator, detector).
 
 Everything here works on plain data (models and dicts), in *event time* only: a sample or
 event is attributed by its own ``ts``, never by the wall clock, so a replay at any speed
 gives the same result. No Kafka, no faust: the stream agents only move data through these
-functions (see :mod:`gpuwarden.correlator.core`).
+functions (see :mod:`gpuwarden.correlator.core`; the detector uses it to attribute late).
 """
 
 from __future__ import annotations
