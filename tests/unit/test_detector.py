@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import pytest
 
 from gpuwarden.detector import CatalogError, Detector, load_catalog
+from gpuwarden.detector.catalog import load_xid_table
 from gpuwarden.shared.models import (
     Action,
     AttributedEvent,
@@ -47,7 +49,8 @@ def test_shipped_catalog_loads_and_covers_thin_path_xids() -> None:
     cat = load_catalog()
     assert {c for r in cat.rules for c in r.match.codes} >= {79, 48, 94, 95, 119}
     assert cat.for_event("xid", 79).pattern == "gpu-fallen-off-bus"
-    assert cat.for_event("xid", 13) is None
+    assert cat.for_event("xid", 13).pattern == "xid-application-fault"
+    assert cat.for_event("xid", 99999).pattern == "xid-other"  # unknown codes are never ignored
 
 
 @pytest.mark.parametrize("path", sorted((FIX / "catalog").glob("bad_*.yaml")), ids=lambda p: p.stem)
@@ -80,8 +83,12 @@ def test_repeats_within_burst_window_fold_into_one_episode() -> None:
     [upd] = d.on_event(AttributedEvent(event=event(79, 1040.0), job=JOB))
     assert upd.failure_id == first.failure_id and upd.occurrences == 3 and upd.last_seen == 1040.0
     assert upd.cost.gpu_hours_lost == pytest.approx(32 * 40 / 3600, rel=1e-4)
-    [new] = d.on_event(AttributedEvent(event=event(79, 1040.0 + 181), job=JOB))  # past the 180 s burst window
+    [new] = d.on_event(AttributedEvent(event=event(79, 1040.0 + 3601), job=JOB))  # past XID 79's sticky hour
     assert new.failure_id != first.failure_id
+    d48 = Detector(load_catalog())
+    [a] = d48.on_event(AttributedEvent(event=event(48, 1000.0), job=JOB))
+    [b] = d48.on_event(AttributedEvent(event=event(48, 1181.0), job=JOB))  # past the 180 s burst window
+    assert a.failure_id != b.failure_id
 
 
 def test_redelivered_event_does_not_open_a_new_failure() -> None:
@@ -157,5 +164,82 @@ def test_other_thin_path_xids(code: int, pattern: str, action: Action) -> None:
     assert f.pattern == pattern and f.recommended_action is action
 
 
-def test_unmatched_xid_yields_nothing() -> None:
-    assert Detector(load_catalog()).on_event(AttributedEvent(event=event(13, 5.0), job=JOB)) == []
+def test_unknown_xid_is_reported_as_xid_other() -> None:
+    [f] = Detector(load_catalog()).on_event(AttributedEvent(event=event(4242, 5.0), job=JOB))
+    assert f.pattern == "xid-other" and f.recommended_action is Action.ALERT
+
+
+REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "xid_catalog.csv"
+
+
+def test_every_documented_xid_maps_to_a_pattern_and_action() -> None:
+    table = load_xid_table()
+    assert len(table) == 172
+    if REFERENCE.exists():  # ../shared beside the checkout (developers and CI have it)
+        with REFERENCE.open() as fh:
+            assert {int(r["xid"]) for r in csv.DictReader(fh)} == set(table)
+    cat = load_catalog()
+    for code, entry in table.items():
+        rule = cat.for_event("xid", code)
+        assert rule.pattern == entry.pattern, code  # explicit YAML rules agree with the table
+        assert code in rule.match.codes
+
+
+def lines_to_events(name: str) -> list[AttributedEvent]:
+    from gpuwarden.collector.parsers import parse_kernel_log_line
+
+    text = (FIX / "xid-logs" / f"{name}.txt").read_text()
+    events = [parse_kernel_log_line(line, "gpu-node-001", 0.0) for line in text.splitlines()]
+    return [AttributedEvent(event=e) for e in events if e is not None]
+
+
+def test_real_sm_warp_exception_burst_is_two_application_incidents_and_no_drain() -> None:
+    """fixtures/xid-logs/xid13-43-sm-warp-exception-burst: XID 13 flood + XID 43 = at most 2 incidents."""
+    d = Detector(load_catalog())
+    out = [f for e in lines_to_events("xid13-43-sm-warp-exception-burst") for f in d.on_event(e)]
+    ids = {f.failure_id for f in out}
+    assert len(ids) <= 2 * 3  # three bursts in the capture, at most 13-flood + 43 each
+    first_burst = {f.rule_id for f in out if f.first_seen == out[0].first_seen}
+    assert first_burst <= {"xid-13", "xid-43"}
+    assert all(f.pattern == "xid-application-fault" for f in out)
+    assert all(f.recommended_action in (Action.RESTART_JOB, Action.NONE) for f in out)
+
+
+def test_real_dbe_row_remap_contained_sequence() -> None:
+    """fixtures/xid-logs/xid48-63-94-dbe-row-remap-sequence: 48 critical, 63 remap pending, 94 contained."""
+    d = Detector(load_catalog())
+    out = [f for e in lines_to_events("xid48-63-94-dbe-row-remap-sequence") for f in d.on_event(e)]
+    by_pattern = {f.pattern: f for f in out}
+    assert set(by_pattern) == {"uncorrectable-ecc", "row-remap-pending", "contained-memory-error"}
+    assert by_pattern["uncorrectable-ecc"].severity is Severity.CRITICAL
+    assert len({f.failure_id for f in out if f.pattern == "contained-memory-error"}) == 1  # one burst
+
+
+def test_sticky_xid_repeats_within_an_hour_are_one_episode() -> None:
+    d = Detector(load_catalog())
+    [a] = d.on_event(AttributedEvent(event=event(79, 1000.0), job=JOB))
+    later = d.on_event(AttributedEvent(event=event(79, 1000.0 + 1800, raw=XID79 + " "), job=JOB))
+    assert all(f.failure_id == a.failure_id for f in later)
+
+
+def test_secondary_xid_naming_its_cause_is_folded_into_the_cause() -> None:
+    d = Detector(load_catalog())
+    [cause] = d.on_event(AttributedEvent(event=event(79, 1000.0), job=JOB))
+    sec = event(45, 1001.0, raw="NVRM: Xid (PCI:0000:44:00): 45, preemptive cleanup, due to previous Xid 79")
+    sec = sec.model_copy(update={"caused_by_xid": 79})
+    assert d.on_event(AttributedEvent(event=sec, job=JOB)) == []  # folded, within the update interval
+    assert d.episodes[(cause.rule_id, "gpu-node-002", 3)].occurrences == 2
+
+
+def test_application_xids_on_one_gpu_under_two_jobs_make_a_repeat_offender() -> None:
+    d = Detector(load_catalog())
+    other = JOB.model_copy(update={"job_id": "2002"})
+    first = d.on_event(AttributedEvent(event=event(13, 1000.0), job=JOB))
+    assert [f.pattern for f in first] == ["xid-application-fault"]  # the job's fault so far
+    second = d.on_event(AttributedEvent(event=event(31, 5000.0, raw="x"), job=other))
+    patterns = sorted(f.pattern for f in second)
+    assert patterns == ["repeat-offender-gpu", "xid-application-fault"]
+    rep = next(f for f in second if f.pattern == "repeat-offender-gpu")
+    assert rep.recommended_action is Action.DRAIN and "1001" in rep.verdict and "2002" in rep.verdict
+    later = d.on_event(AttributedEvent(event=event(13, 5000.0 + 90000, raw="y"), job=other))
+    assert "repeat-offender-gpu" not in {f.pattern for f in later}  # the first job is out of the 24 h window

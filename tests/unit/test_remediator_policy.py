@@ -86,9 +86,9 @@ CASES = [
     Case("rma means drain", D.DRY_RUN, "drain", f={"recommended_action": Action.RMA}),
     Case("reset-gpu means drain", D.DRY_RUN, "drain", f={"recommended_action": Action.RESET_GPU}),
     Case("fatal", D.DRY_RUN, "drain", f={"severity": Severity.FATAL}),
-    Case("alert only", D.SKIPPED, "does not drain", f={"recommended_action": Action.ALERT}, cfg={"enforce": True}),
-    Case("restart-job", D.SKIPPED, "does not drain", f={"recommended_action": Action.RESTART_JOB}),
-    Case("warning severity", D.SKIPPED, "below critical", f={"severity": Severity.WARNING}, cfg={"enforce": True}),
+    Case("alert only", D.EXECUTED, "alert only", f={"recommended_action": Action.ALERT}, cfg={"enforce": True}),
+    Case("restart-job: alert, no drain", D.EXECUTED, "alert only", f={"recommended_action": Action.RESTART_JOB}),
+    Case("warning severity", D.SKIPPED, "policy says none", f={"severity": Severity.WARNING}, cfg={"enforce": True}),
     Case("resolved", D.SKIPPED, "resolved", f={"state": FailureState.RESOLVED}, cfg={"enforce": True}),
     Case("redelivery (in memory)", D.SKIPPED, "already handled", handled=("f1",), cfg={"enforce": True}),
     Case(
@@ -193,16 +193,19 @@ def test_policy(c: Case) -> None:
     d = decide(f, node, cluster, h, PolicyConfig(**c.cfg), NOW)  # type: ignore[arg-type]
     assert d.decision == c.expect, d.reason
     assert c.why in d.reason
-    if d.act:
-        assert d.slurm_reason == f"{REASON_PREFIX} {f.rule_id} gpu={f.gpu_index} failure={f.failure_id}"
+    assert d.reason.startswith(f"[rule={d.rule}] ") and d.rule
+    if d.act and d.kind == "drain":
+        assert d.slurm_reason == f"{REASON_PREFIX} {f.pattern} gpu={f.gpu_index} failure={f.failure_id[:8]}"
         assert d.action == Action.DRAIN
+    elif d.act:
+        assert d.kind == "alert" and d.action == Action.ALERT and d.alert and d.slurm_reason is None
     else:
         assert d.slurm_reason is None
     assert d.trips_breaker == ("breaker:" in d.reason)
 
 
 def test_drain_reason_is_bounded_and_valid() -> None:
-    f = failure(rule_id="r" * 500, gpu_index=None, fid="abcdef0123456789")
+    f = failure(pattern="p" * 500, gpu_index=None, fid="abcdef0123456789")
     r = drain_reason(f)
-    assert r.startswith("gpuwarden: r") and r.endswith(" gpu=- failure=abcdef0123456789")
+    assert r.startswith("gpuwarden: p") and r.endswith(" gpu=- failure=abcdef01")
     assert len(r) <= MAX_REASON_LEN and check_reason(r) == r

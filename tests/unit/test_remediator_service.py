@@ -80,9 +80,9 @@ async def test_enforce_drains_once_and_is_idempotent_under_redelivery() -> None:
         "update",
         "nodename=gpu-node-002",
         "state=DRAIN",
-        "reason=gpuwarden: xid-79 gpu=3 failure=f1",
+        "reason=gpuwarden: gpu-fallen-off-bus gpu=3 failure=f1",
     ]
-    assert fake.calls == [("gpu-node-002", "DRAIN", "gpuwarden: xid-79 gpu=3 failure=f1")]
+    assert fake.calls == [("gpu-node-002", "DRAIN", "gpuwarden: gpu-fallen-off-bus gpu=3 failure=f1")]
     assert fake.nodes_map["gpu-node-002"].drained
     again = await r.handle_failure(failure())
     assert again.decision == D.SKIPPED and len(fake.calls) == 1
@@ -149,7 +149,7 @@ async def test_seed_counts_existing_gpuwarden_drains() -> None:
 @pytest.mark.parametrize(
     ("reason", "flags", "rc", "resumed", "msg"),
     [
-        ("gpuwarden: xid-79 gpu=3 failure=f1", ["DRAIN"], 0, True, "resumed"),
+        ("gpuwarden: gpu-fallen-off-bus gpu=3 failure=f1", ["DRAIN"], 0, True, "resumed"),
         ("maintenance", ["DRAIN"], 1, False, "refused"),
         (None, [], 0, False, "nothing to do"),
     ],

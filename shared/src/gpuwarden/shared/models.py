@@ -308,6 +308,7 @@ class Action(StrEnum):
     REBOOT = "reboot"
     DRAIN = "drain"
     RMA = "rma"
+    RESUME = "resume"  # remediator only: return a node gpuwarden drained to service
 
 
 class FailureState(StrEnum):

@@ -7,17 +7,29 @@ Templates may use ``{node}``, ``{gpu}``, ``{job_text}``, ``{code}``, ``{message}
 
 from __future__ import annotations
 
+import csv
+import io
 import string
 from importlib.resources import files
 from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from gpuwarden.shared.models import PATTERNS, Action, Category, Severity
 
-__all__ = ["PATTERNS", "Catalog", "CatalogError", "CostModel", "Match", "Rule", "load_catalog"]
+__all__ = [
+    "PATTERNS",
+    "Catalog",
+    "CatalogError",
+    "CostModel",
+    "Match",
+    "Rule",
+    "XidEntry",
+    "load_catalog",
+    "load_xid_table",
+]
 
 _FIELDS = {"node", "gpu", "job_text", "code", "message"}
 
@@ -31,10 +43,22 @@ class _Strict(BaseModel):
 
 
 class Match(_Strict):
-    """What a rule matches: an event kind and its codes."""
+    """What a rule matches: an event kind and its codes.
 
-    event: Literal["xid", "sxid"]
+    ``xid-repeat``: the codes recurring on one GPU under at least ``jobs`` different Slurm
+    jobs within ``window_s`` (a GPU that keeps failing whoever runs on it).
+    """
+
+    event: Literal["xid", "sxid", "xid-repeat"]
     codes: list[int] = Field(min_length=1)
+    jobs: int | None = Field(None, ge=2, description="xid-repeat: distinct jobs needed")
+    window_s: float | None = Field(None, gt=0, description="xid-repeat: look-back window, s")
+
+    @model_validator(mode="after")
+    def _repeat(self) -> Match:
+        if (self.event == "xid-repeat") != (self.jobs is not None and self.window_s is not None):
+            raise ValueError("jobs and window_s are required for (and only for) event xid-repeat")
+        return self
 
 
 class CostModel(_Strict):
@@ -63,6 +87,13 @@ class Rule(_Strict):
             raise ValueError(f"unknown pattern {v!r} (DESIGN section 5 lists the canonical ones)")
         return v
 
+    @field_validator("action")
+    @classmethod
+    def _action(cls, v: Action) -> Action:
+        if v is Action.RESUME:
+            raise ValueError("resume is the remediator's own action, not a recommendation")
+        return v
+
     @field_validator("verdict")
     @classmethod
     def _template(cls, v: str) -> str:
@@ -73,9 +104,93 @@ class Rule(_Strict):
         return v
 
 
+class XidEntry(_Strict):
+    """One row of the XID table (``xids.csv``, derived from the reference XID catalog)."""
+
+    xid: int = Field(ge=0)
+    name: str
+    pattern: str
+    severity: Severity
+    action: Action
+    sticky: bool
+    category: str
+    meaning: str
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern(cls, v: str) -> str:
+        if v not in PATTERNS:
+            raise ValueError(f"unknown pattern {v!r}")
+        return v
+
+
+STICKY_WINDOW_S = 3600.0
+
+
+def _table_rule(e: XidEntry | None, code: int) -> Rule:
+    """The rule for an XID that has no rule of its own in the catalog YAML."""
+    if e is None:
+        return Rule(
+            id=f"xid-{code}",
+            pattern="xid-other",
+            category=Category.DRIVER,
+            severity=Severity.WARNING,
+            match=Match(event="xid", codes=[code]),
+            action=Action.ALERT,
+            verdict=f"GPU {{gpu}} on {{node}} reported XID {code}, a code missing from the XID catalog: "
+            f"{{message}}; affected: {{job_text}}.",
+            cannot_determine=["what XID " + str(code) + " means: it is not in NVIDIA's catalog of this release"],
+        )
+    meaning = e.meaning.replace("{", "(").replace("}", ")")
+    category = (
+        Category.APPLICATION
+        if e.pattern == "xid-application-fault"
+        else (Category.DRIVER if e.pattern in ("driver-fault", "gsp-firmware-error") else Category.HARDWARE)
+    )
+    cannot = (
+        ["whether the cause is the application or the GPU, until it recurs under another job"]
+        if (category is Category.APPLICATION)
+        else ["whether it recurs after a GPU reset (needs the GPU's history)"]
+    )
+    return Rule(
+        id=f"xid-{code}",
+        pattern=e.pattern,
+        category=category,
+        severity=e.severity,
+        match=Match(event="xid", codes=[code]),
+        action=e.action,
+        burst_window_s=STICKY_WINDOW_S if e.sticky else 180.0,
+        verdict=f"GPU {{gpu}} on {{node}} reported XID {code} ({meaning}); affected: {{job_text}}.",
+        cannot_determine=cannot,
+        source="https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html",
+    )
+
+
+def load_xid_table(path: str | Path | None = None) -> dict[int, XidEntry]:
+    """The XID table: ``xids.csv`` shipped with the detector (or ``path``).
+
+    Raises:
+        CatalogError: unreadable file or a row that fails validation.
+    """
+    try:
+        text = Path(path).read_text() if path else files(__package__).joinpath("xids.csv").read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CatalogError(f"{path or 'xids.csv'}: cannot read: {exc}") from exc
+    out: dict[int, XidEntry] = {}
+    for n, row in enumerate(csv.DictReader(io.StringIO(text)), start=2):
+        try:
+            e = XidEntry.model_validate({**row, "sticky": row.get("sticky") == "1"})
+        except ValueError as exc:
+            raise CatalogError(f"{path or 'xids.csv'} line {n}: {exc}") from exc
+        out[e.xid] = e
+    return out
+
+
 class Catalog(_Strict):
     version: Literal[1]
     rules: list[Rule] = Field(min_length=1)
+    xid_table: dict[int, XidEntry] = Field(default_factory=dict, description="XIDs without a rule of their own")
+    _rule_cache: dict[int, Rule] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _unique(self) -> Catalog:
@@ -93,13 +208,26 @@ class Catalog(_Strict):
         return self
 
     def for_event(self, kind: str, code: int | None) -> Rule | None:
-        """The rule matching an event kind (``xid``/``sxid``) and code, or None."""
+        """The rule for an event kind (``xid``/``sxid``) and code, or None.
+
+        An XID without a rule of its own gets one from the XID table; a code missing from
+        the table gets an ``xid-other`` rule (never silently ignored).
+        """
         if code is None:
             return None
         for r in self.rules:
             if r.match.event == kind and code in r.match.codes:
                 return r
-        return None
+        if kind != "xid":
+            return None
+        cached = self._rule_cache.get(code)
+        if cached is None:
+            cached = self._rule_cache[code] = _table_rule(self.xid_table.get(code), code)
+        return cached
+
+    def repeat_rules(self, code: int | None) -> list[Rule]:
+        """``xid-repeat`` rules watching ``code``."""
+        return [r for r in self.rules if r.match.event == "xid-repeat" and code in r.match.codes]
 
 
 def load_catalog(path: str | Path | None = None) -> Catalog:
@@ -116,7 +244,19 @@ def load_catalog(path: str | Path | None = None) -> Catalog:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise CatalogError(f"{path or 'catalog.yaml'}: not valid YAML: {exc}") from exc
+    if isinstance(data, dict) and "xid_table" not in data:
+        data = {**data, "xid_table": load_xid_table()}
     try:
         return Catalog.model_validate(data)
     except ValueError as exc:
-        raise CatalogError(f"{path or 'catalog.yaml'}: {exc}") from exc
+        raise CatalogError(f"{path or 'catalog.yaml'}: {_short(exc)}") from exc
+
+
+def _short(exc: ValueError) -> str:
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        return "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors()
+        )
+    return str(exc)

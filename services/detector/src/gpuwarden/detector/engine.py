@@ -57,6 +57,7 @@ class Episode:
     evidence: list[Evidence] = field(default_factory=list)
     last_emitted: float = 0.0
     failure: Failure | None = None
+    seen: set[str] = field(default_factory=set)
 
 
 class Detector:
@@ -83,6 +84,7 @@ class Detector:
         self.episodes: dict[tuple[str, str, int | None], Episode] = {}
         self._gpus: dict[tuple[str, int], _GpuInfo] = {}
         self._allocs: dict[str, dict[str, Allocation]] = {}
+        self._app_xids: dict[tuple[str, int], list[tuple[float, str]]] = {}
 
     # -- inputs ----------------------------------------------------------------------
     def on_sample(self, msg: AttributedSample) -> list[Failure]:
@@ -107,7 +109,11 @@ class Detector:
         return out
 
     def on_event(self, msg: AttributedEvent) -> list[Failure]:
-        """Failures opened or updated by one event (empty if no rule matches or in a quiet burst)."""
+        """Failures opened or updated by one event (empty if no rule matches or in a quiet burst).
+
+        A secondary XID that names its cause (``caused_by_xid``) is folded into the cause's
+        open failure on the same GPU instead of opening one of its own.
+        """
         ev = msg.event
         rule = self.catalog.for_event(ev.kind.value, ev.code)
         if rule is None:
@@ -120,27 +126,57 @@ class Detector:
             ts=ev.ts,
             source=ev.raw[:500],
         )
+        if ev.caused_by_xid is not None:
+            cause = self.catalog.for_event(ev.kind.value, ev.caused_by_xid)
+            ep = self.episodes.get((cause.id, ev.node, ev.gpu_index)) if cause else None
+            if ep is not None and 0 <= ev.ts - ep.last_seen <= ep.rule.burst_window_s:
+                return self._fold(ep, ev, evidence)
+        job = msg.job
+        if job is None and ev.gpu_index is not None:
+            job = self._job_at(ev.node, ev.gpu_index, ev.ts)
+        out = self._observe(rule, ev, job, evidence)
+        for rr in self.catalog.repeat_rules(ev.code):
+            out.extend(self._repeat(rr, ev, job, evidence))
+        return out
+
+    def _observe(self, rule: Rule, ev: GpuEvent, job: GpuAttribution | None, evidence: Evidence) -> list[Failure]:
         key = (rule.id, ev.node, ev.gpu_index)
         ep = self.episodes.get(key)
         if ep is not None and ev.ts < ep.first.ts:
             return []  # older than the open episode: a late duplicate of history already reported
         if ep is not None and ev.ts - ep.last_seen <= rule.burst_window_s:
-            if ev.event_id == ep.first.event_id:
-                return []  # redelivery of the event that opened the episode
-            ep.occurrences += 1
-            ep.last_seen = max(ep.last_seen, ev.ts)
-            if len(ep.evidence) < MAX_EVIDENCE:
-                ep.evidence.append(evidence)
-            if ev.ts - ep.last_emitted >= self.update_interval_s:
-                return [self._emit(ep)]
-            return []
-        job = msg.job
-        if job is None and ev.gpu_index is not None:
-            job = self._job_at(ev.node, ev.gpu_index, ev.ts)
+            return self._fold(ep, ev, evidence)
         info = self._gpus.get((ev.node, ev.gpu_index)) if ev.gpu_index is not None else None
         ep = Episode(rule=rule, first=ev, job=job, info=info, last_seen=ev.ts, evidence=[evidence])
         self.episodes[key] = ep
         return [self._emit(ep)]
+
+    def _fold(self, ep: Episode, ev: GpuEvent, evidence: Evidence) -> list[Failure]:
+        """Count ``ev`` into an open episode; re-emit at most every ``update_interval_s``."""
+        if ev.event_id == ep.first.event_id or ev.event_id in ep.seen:
+            return []  # redelivery
+        ep.seen.add(ev.event_id)
+        ep.occurrences += 1
+        ep.last_seen = max(ep.last_seen, ev.ts)
+        if len(ep.evidence) < MAX_EVIDENCE:
+            ep.evidence.append(evidence)
+        if ev.ts - ep.last_emitted >= self.update_interval_s:
+            return [self._emit(ep)]
+        return []
+
+    def _repeat(self, rule: Rule, ev: GpuEvent, job: GpuAttribution | None, evidence: Evidence) -> list[Failure]:
+        """Application XIDs recurring on one GPU under several jobs: the GPU, not the code."""
+        if job is None or ev.gpu_index is None or rule.match.window_s is None or rule.match.jobs is None:
+            return []
+        hist = self._app_xids.setdefault((ev.node, ev.gpu_index), [])
+        hist.append((ev.ts, job.job_id))
+        window = rule.match.window_s
+        hist[:] = [(t, j) for t, j in hist if ev.ts - t <= window]
+        jobs = sorted({j for _, j in hist})
+        if len(jobs) < rule.match.jobs:
+            return []
+        note = ev.model_copy(update={"message": f"XIDs {sorted(rule.match.codes)} under jobs {', '.join(jobs)}"})
+        return self._observe(rule, note, job, evidence)
 
     # -- helpers ---------------------------------------------------------------------
     def _job_at(self, node: str, gpu: int, ts: float) -> GpuAttribution | None:

@@ -1,9 +1,19 @@
-"""The remediator service: ``failures`` -> policy -> ``scontrol update`` -> ``remediations``."""
+"""The remediator service: ``failures`` -> policy -> ``scontrol update`` -> ``remediations``.
+
+Drains on open failures (policy file, safety limits of DESIGN §7), resumes a node it drained
+once every failure behind the drain has resolved and the hold-down has passed, alerts
+on-call, and records every decision (taken or refused, with the rule) on ``remediations``,
+in the log and — if configured — in a ledger file that ``gpuwarden remediator status`` and
+``reset-breaker`` read and write.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,19 +21,45 @@ from typing import Any, Literal
 
 from aiohttp import web
 from aiokafka import ConsumerRecord
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr
 
 from gpuwarden.shared.bus import Producer
-from gpuwarden.shared.models import Failure, NodeState, Remediation, RemediationDecision, stable_id
+from gpuwarden.shared.models import (
+    Action,
+    Failure,
+    FailureState,
+    HealthCheckResult,
+    NodeState,
+    Remediation,
+    RemediationDecision,
+    stable_id,
+)
 from gpuwarden.shared.service import Service
 from gpuwarden.shared.settings import ServiceSettings
 from gpuwarden.shared.slurm import DEFAULT_SIM_STATE_FILE, SlurmClient, SlurmError, build_client, drain_argv
 
-from .policy import Decision, History, PolicyConfig, decide, is_ours
+from .alerts import Alerter, AlertmanagerSink, AlertSink, JsonWebhookSink, SlackSink
+from .lease import KafkaLease, Lease, NoLease
+from .policy import (
+    REASON_PREFIX,
+    Decision,
+    DrainRecord,
+    FailureNote,
+    History,
+    PolicyConfig,
+    decide,
+    decide_resume,
+    id8,
+    is_ours,
+    is_out,
+)
+from .policy_file import PolicyFile, load_policy
 
-__all__ = ["Remediator", "RemediatorSettings", "make_client", "resume_node"]
+__all__ = ["Ledger", "Remediator", "RemediatorSettings", "make_client", "resume_node"]
 
 log = logging.getLogger(__name__)
+
+D = RemediationDecision
 
 
 class RemediatorSettings(ServiceSettings):
@@ -35,6 +71,14 @@ class RemediatorSettings(ServiceSettings):
     remediator_state_file: Path = Field(
         DEFAULT_SIM_STATE_FILE, description="Drain state file shared with the watcher (backend=simulated)"
     )
+    remediator_policy_file: Path | None = Field(None, description="Policy YAML (default: built-in policy)")
+    remediator_ledger_file: Path | None = Field(
+        None, description="JSON ledger: history, breaker, drained nodes, recent actions (None = memory only)"
+    )
+    remediator_cluster: str = Field("default", min_length=1, description="Cluster name (alert label, lease topic)")
+    remediator_lease: Literal["none", "kafka"] = Field(
+        "none", description="none = single replica; kafka = consumer-group lease on a one-partition topic"
+    )
     remediator_max_drain_fraction: float = Field(
         0.10, ge=0, le=1, description="Breaker: max share of known nodes drained/down, 0-1"
     )
@@ -44,8 +88,16 @@ class RemediatorSettings(ServiceSettings):
     remediator_max_per_node_per_week: int = Field(3, ge=0, description="Max drains of one node per 7 days, count")
     remediator_command_timeout_s: float = Field(10.0, gt=0, description="Timeout of one scontrol call, s")
     remediator_command_retries: int = Field(2, ge=0, description="Retries after a timeout or transient error")
+    remediator_retry_backoff_s: float = Field(0.5, ge=0, description="First retry backoff (doubles), s")
+    remediator_resume_interval_s: float = Field(5.0, gt=0, description="How often resumes are checked, s")
+    remediator_alertmanager_url: SecretStr | None = Field(None, description="Alertmanager base URL")
+    remediator_slack_webhook_url: SecretStr | None = Field(None, description="Slack-compatible webhook URL")
+    remediator_webhook_url: SecretStr | None = Field(None, description="Generic JSON webhook URL")
+    remediator_webhook_token: SecretStr | None = Field(None, description="Bearer token of the JSON webhook")
+    remediator_alert_repeat_s: float = Field(60.0, gt=0, description="Re-send interval to Alertmanager, s")
 
     def policy(self) -> PolicyConfig:
+        """The safety limits as a :class:`PolicyConfig`."""
         return PolicyConfig(
             enforce=self.remediator_enforce,
             max_drain_fraction=self.remediator_max_drain_fraction,
@@ -54,6 +106,17 @@ class RemediatorSettings(ServiceSettings):
             window_s=self.remediator_window_s,
             max_per_node_per_week=self.remediator_max_per_node_per_week,
         )
+
+    def alert_sinks(self) -> list[AlertSink]:
+        """The configured alert sinks."""
+        sinks: list[AlertSink] = []
+        if self.remediator_alertmanager_url:
+            sinks.append(AlertmanagerSink(self.remediator_alertmanager_url))
+        if self.remediator_slack_webhook_url:
+            sinks.append(SlackSink(self.remediator_slack_webhook_url))
+        if self.remediator_webhook_url:
+            sinks.append(JsonWebhookSink(self.remediator_webhook_url, self.remediator_webhook_token))
+        return sinks
 
 
 def make_client(s: RemediatorSettings) -> tuple[SlurmClient, Callable[[], float]]:
@@ -67,18 +130,68 @@ def make_client(s: RemediatorSettings) -> tuple[SlurmClient, Callable[[], float]
     )
 
 
-class Remediator(Service):
-    """Consumes ``failures`` and ``slurm.nodes``; for each failure reads the node from Slurm,
-    applies :func:`~gpuwarden.remediator.policy.decide`, drains when enforcing, and publishes
-    one :class:`Remediation` (key: node) per decision. Decisions are serialised (one at a time).
+class Ledger:
+    """The remediator's persisted state: a JSON file written atomically (tmp + rename).
 
-    HTTP: ``POST /breaker/reset`` closes a tripped circuit breaker; ``/healthz`` shows it.
+    Holds the :class:`History`, the recent decisions and ``breaker_reset_at`` (set by
+    ``gpuwarden remediator reset-breaker --ledger``; the running service picks it up)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def read(self) -> dict[str, Any]:
+        """The file's content (``{}`` if it does not exist).
+
+        Raises:
+            ValueError: the file is not a JSON object.
+        """
+        try:
+            raw = self.path.read_text()
+        except FileNotFoundError:
+            return {}
+        data = json.loads(raw)
+        if not isinstance(data, dict):
+            raise ValueError(f"ledger {self.path} is not a JSON object")
+        return data
+
+    def write(self, data: dict[str, Any]) -> None:
+        """Replace the file atomically."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, self.path)
+
+    def request_breaker_reset(self, now: float) -> str | None:
+        """Close the breaker in the file (and tell a running service); returns what it was."""
+        data = self.read()
+        hist = data.setdefault("history", {})
+        was = hist.get("breaker_reason")
+        hist["breaker_reason"] = None
+        data["breaker_reset_at"] = now
+        self.write(data)
+        return was
+
+
+class Remediator(Service):
+    """Consumes ``failures``, ``slurm.nodes`` and ``health``; for each failure reads the node
+    from Slurm, applies :func:`~gpuwarden.remediator.policy.decide`, drains (enforcing) or
+    alerts, and publishes one :class:`Remediation` (key: node) per decision. Resolved
+    failures lead to a RESUME of nodes it drained (:meth:`resume_due`). Decisions are
+    serialised (one at a time) and taken only while this replica holds the lease.
+
+    HTTP: ``POST /breaker/reset`` closes a tripped breaker; ``GET /status``; ``/healthz``.
 
     Args:
         settings: service settings.
         client: Slurm client (default: from settings); tests pass ``FakeSlurm``.
         producer: bus producer (default: Kafka).
         now: decision clock, epoch s (default: the client's clock: event time in simulation).
+        alerter: alert delivery (default: the sinks in settings).
+        lease: one-active-replica lease (default: from ``remediator_lease``).
+        policy: the policy (default: ``remediator_policy_file`` or the built-in one).
+
+    Raises:
+        PolicyError: the policy file is invalid.
     """
 
     name = "remediator"
@@ -89,9 +202,13 @@ class Remediator(Service):
         client: SlurmClient | None = None,
         producer: Producer | None = None,
         now: Callable[[], float] | None = None,
+        alerter: Alerter | None = None,
+        lease: Lease | None = None,
+        policy: PolicyFile | None = None,
     ) -> None:
         super().__init__(settings, producer)
         self.settings: RemediatorSettings = settings
+        self.policy_file = policy or load_policy(settings.remediator_policy_file)
         if client is None:
             client, default_now = make_client(settings)
             now = now or default_now
@@ -101,16 +218,55 @@ class Remediator(Service):
         self.history = History()
         self.nodes: dict[str, NodeState] = {}
         self.decisions: dict[str, int] = {}
+        self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=50)
+        self.alerter = alerter or Alerter(
+            settings.alert_sinks(),
+            labels={"cluster": settings.remediator_cluster, "service": "gpuwarden-remediator"},
+            repeat_s=settings.remediator_alert_repeat_s,
+        )
+        if lease is None:
+            lease = (
+                KafkaLease(
+                    settings.bootstrap_servers,
+                    settings.topic(f"remediator.lease.{settings.remediator_cluster}"),
+                    f"{settings.consumer_group or 'gpuwarden-remediator'}-lease",
+                )
+                if settings.remediator_lease == "kafka"
+                else NoLease()
+            )
+        self.lease = lease
+        self.ledger = Ledger(settings.remediator_ledger_file) if settings.remediator_ledger_file else None
+        self._reset_seen = 0.0
         self._lock = asyncio.Lock()
         self.http.extra_routes.append(web.post("/breaker/reset", self._reset_view))
+        self.http.extra_routes.append(web.get("/status", self._status_view))
 
+    # -- lifecycle -----------------------------------------------------------------
     async def on_start(self) -> None:
+        """Load the ledger, learn the nodes, take part in the lease, start consuming."""
         await self.seed()
-        self.consume(["failures", "slurm.nodes"], self._on_message)
+        await self.lease.start()
+        self.consume(["failures", "slurm.nodes", "health"], self._on_message)
+        self.spawn(self._periodic(), "resume")
+
+    async def on_stop(self) -> None:
+        """Leave the lease."""
+        await self.lease.stop()
 
     async def seed(self) -> None:
-        """Learn the nodes from Slurm and count gpuwarden's own drains still in place
-        (so a restart keeps the caps). A Slurm error is logged, not raised."""
+        """Load the ledger (if any), learn the nodes from Slurm and adopt gpuwarden's own
+        drains still in place (so a restart keeps the caps and can resume them). A Slurm
+        error is logged, not raised."""
+        if self.ledger is not None:
+            try:
+                data = self.ledger.read()
+            except ValueError as exc:
+                log.error("ignoring unreadable ledger: %s", exc)
+                data = {}
+            if data.get("history"):
+                self.history = History.from_json(data["history"])
+            self.recent.extend(data.get("recent", []))
+            self._reset_seen = float(data.get("breaker_reset_at") or 0.0)
         try:
             nodes = await self.client.nodes()
         except (SlurmError, OSError, ValueError) as exc:
@@ -118,19 +274,42 @@ class Remediator(Service):
             return
         for n in nodes:
             self.nodes[n.node] = n
-            if n.drained and is_ours(n.reason):
-                self.history.record_drain(n.node, n.reason_ts or self.now())
+            if is_out(n) and is_ours(n.reason) and n.node not in self.history.drained:
+                if not any(x == n.node for x, _ in self.history.drains):
+                    self.history.record_drain(n.node, n.reason_ts or self.now())
+                self.history.drained[n.node] = _adopt(n)
+        self._save()
+
+    async def _periodic(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.remediator_resume_interval_s)
+            await self.resume_due()
+            await self.alerter.tick()
 
     async def _on_message(self, short: str, value: BaseModel, _rec: ConsumerRecord) -> None:
         if isinstance(value, Failure):
             await self.handle_failure(value)
         elif isinstance(value, NodeState):
             self.nodes[value.node] = value
+        elif isinstance(value, HealthCheckResult) and value.passed:
+            self.history.health_pass[value.node] = max(value.ts, self.history.health_pass.get(value.node, 0.0))
 
+    # -- failures -> decisions ------------------------------------------------------
     async def handle_failure(self, f: Failure) -> Remediation:
-        """Decide (and act) on one failure; publish and return the :class:`Remediation`."""
+        """Decide (and act) on one failure; publish, log and return the :class:`Remediation`."""
         async with self._lock:
             now = self.now()
+            self._sync_breaker()
+            if not self.lease.held():
+                d = Decision(
+                    D.SKIPPED,
+                    "[rule=standby] not the active remediator (lease held by another replica)",
+                    Action.NONE,
+                    rule="standby",
+                )
+                return await self._finish(f, d, await self._plain(f, d))
+            if f.state == FailureState.RESOLVED:
+                return await self._finish(f, *await self._on_resolved(f, now))
             node: NodeState | None = None
             read_error: str | None = None
             try:
@@ -141,19 +320,85 @@ class Remediator(Service):
                 read_error = str(exc)
             if read_error is not None:
                 d = Decision(
-                    RemediationDecision.FAILED, f"cannot read node state from Slurm: {read_error}", f.recommended_action
+                    D.FAILED,
+                    f"[rule=slurm-read] cannot read node state from Slurm: {read_error}",
+                    f.recommended_action,
+                    rule="slurm-read",
+                    alert=True,
                 )
-            else:
-                if node is not None:
-                    self.nodes[node.node] = node
-                d = decide(f, node, self.nodes.values(), self.history, self.cfg, now)
-            rem = await self._carry_out(f, d, now)
-            self.decisions[rem.decision.value] = self.decisions.get(rem.decision.value, 0) + 1
-            await self.publish("remediations", f.node, rem)
-            log.info("%s %s on %s: %s", rem.decision.value, rem.action.value, rem.node, rem.reason)
-            return rem
+                await self._alert(f, d)
+                return await self._finish(f, d, await self._plain(f, d))
+            if node is not None:
+                self.nodes[node.node] = node
+            d = decide(f, node, self.nodes.values(), self.history, self.cfg, now, self.policy_file)
+            self.history.note_seen(f, now, self.policy_file.confirm_window_s)
+            return await self._finish(f, d, await self._carry_out(f, d, node, now))
 
-    async def _carry_out(self, f: Failure, d: Decision, now: float) -> Remediation:
+    async def _finish(self, f: Failure, d: Decision, rem: Remediation) -> Remediation:
+        self.decisions[rem.decision.value] = self.decisions.get(rem.decision.value, 0) + 1
+        self.recent.append(
+            {
+                "at": rem.decided_at,
+                "node": rem.node,
+                "decision": rem.decision.value,
+                "action": rem.action.value,
+                "rule": d.rule,
+                "failure": f.failure_id,
+                "pattern": f.pattern,
+                "reason": rem.reason,
+                "argv": rem.argv,
+            }
+        )
+        self._save()
+        await self.publish("remediations", f.node, rem)
+        level = logging.WARNING if rem.decision in (D.REFUSED, D.FAILED) else logging.INFO
+        log.log(
+            level,
+            "%s %s on %s (rule %s, failure %s): %s",
+            rem.decision.value,
+            rem.action.value,
+            rem.node,
+            d.rule,
+            f.failure_id,
+            rem.reason,
+        )
+        return rem
+
+    def _remediation(
+        self,
+        f: Failure,
+        d: Decision,
+        decision: RemediationDecision,
+        reason: str,
+        *,
+        action: Action | None = None,
+        argv: list[str] | None = None,
+        exit_code: int | None = None,
+        output: str | None = None,
+    ) -> Remediation:
+        act = action or d.action
+        return Remediation(
+            remediation_id=stable_id(act.value, f.node, f.failure_id, decision.value, d.rule),
+            ts=f.last_seen,
+            decided_at=time.time(),
+            node=f.node,
+            action=act,
+            argv=argv or [],
+            dry_run=not self.cfg.enforce,
+            decision=decision,
+            reason=reason,
+            failure_ids=[f.failure_id],
+            exit_code=exit_code,
+            output=output,
+        )
+
+    async def _plain(self, f: Failure, d: Decision) -> Remediation:
+        return self._remediation(f, d, d.decision, d.reason)
+
+    async def _alert(self, f: Failure, d: Decision, name: str = "GpuwardenRemediationRefused") -> None:
+        await self.alerter.fire(name, f.node, f.pattern, f.severity.value, f"{f.node}: {d.reason}", f.verdict)
+
+    async def _carry_out(self, f: Failure, d: Decision, node: NodeState | None, now: float) -> Remediation:
         argv: list[str] = []
         if d.slurm_reason:
             try:
@@ -166,55 +411,304 @@ class Remediator(Service):
         if d.trips_breaker and self.history.breaker_reason is None:
             self.history.breaker_reason = d.reason
             self.metrics.errors.labels("breaker").inc()
-            log.error("circuit breaker tripped: %s (POST /breaker/reset to close)", d.reason)
-        if decision == RemediationDecision.EXECUTED:
-            try:
-                res = await self.client.update_node(f.node, "DRAIN", d.slurm_reason)
-            except (SlurmError, OSError, ValueError) as exc:
-                decision, reason = RemediationDecision.FAILED, f"drain command failed: {exc}"
-            else:
-                argv, exit_code, output = list(res.argv), res.exit_code, res.output() or None
-                if not res.ok:
-                    decision = RemediationDecision.FAILED
-                    reason = f"scontrol exit {res.exit_code}: {res.output(300)}"
-        if decision in (RemediationDecision.EXECUTED, RemediationDecision.DRY_RUN):
+            log.error("circuit breaker tripped: %s (gpuwarden remediator reset-breaker to close)", d.reason)
+            await self.alerter.fire(
+                "GpuwardenCircuitBreakerOpen",
+                "-",
+                "breaker",
+                "critical",
+                f"remediator stopped draining: {d.reason}",
+                "Stays open until a person runs `gpuwarden remediator reset-breaker`.",
+            )
+        if d.kind == "drain" and decision == D.EXECUTED:
+            assert d.slurm_reason is not None
+            ok, argv2, exit_code, output, err = await self._drain_with_retries(f.node, d.slurm_reason)
+            argv = argv2 or argv
+            if not ok:
+                decision, reason = D.FAILED, f"[rule=command] drain failed after retries: {err}"
+                self.history.handled.add(f.failure_id)  # never loop on it: a person looks (alerted)
+                await self.alerter.fire(
+                    "GpuwardenRemediationFailed",
+                    f.node,
+                    f.pattern,
+                    "critical",
+                    f"drain of {f.node} failed: {err}",
+                    f.verdict,
+                )
+        if d.kind == "drain" and decision in (D.EXECUTED, D.DRY_RUN):
             self.history.handled.add(f.failure_id)
             self.history.record_drain(f.node, now)
-            if decision == RemediationDecision.EXECUTED and f.node in self.nodes:
-                cur = self.nodes[f.node]
-                self.nodes[f.node] = cur.model_copy(update={"flags": [*cur.flags, "DRAIN"], "reason": d.slurm_reason})
-        elif decision == RemediationDecision.SKIPPED and "for this failure" in reason:
+            if decision == D.EXECUTED:
+                assert d.slurm_reason is not None
+                rec = DrainRecord(f.node, d.slurm_reason, now)
+                rec.failures[id8(f.failure_id)] = FailureNote(f.failure_id, f.pattern)
+                self.history.drained[f.node] = rec
+                if f.node in self.nodes:
+                    cur = self.nodes[f.node]
+                    self.nodes[f.node] = cur.model_copy(
+                        update={"flags": [*cur.flags, "DRAIN"], "reason": d.slurm_reason}
+                    )
+                await self.alerter.fire(
+                    "GpuwardenNodeDrained",
+                    f.node,
+                    f.pattern,
+                    f.severity.value,
+                    f"gpuwarden drained {f.node}: {f.pattern} (failure {id8(f.failure_id)})",
+                    f.verdict,
+                )
+        elif d.kind == "alert" and decision == D.EXECUTED:
             self.history.handled.add(f.failure_id)
-        return Remediation(
-            remediation_id=stable_id(d.action.value, f.node, f.failure_id, decision.value),
-            ts=f.last_seen,
-            decided_at=time.time(),
-            node=f.node,
-            action=d.action,
-            argv=argv,
-            dry_run=not self.cfg.enforce,
-            decision=decision,
-            reason=reason,
-            failure_ids=[f.failure_id],
-            exit_code=exit_code,
-            output=output,
-        )
+            await self.alerter.fire(
+                "GpuwardenFailure",
+                f.node,
+                f.pattern,
+                f.severity.value,
+                f"{f.pattern} on {f.node} (alert only, not drained)",
+                f.verdict,
+            )
+        elif d.rule == "already-drained" and node is not None:
+            held = self.history.drained.get(f.node)
+            if held is None and node.reason:
+                held = self.history.drained[f.node] = _adopt(node)
+            if held is not None and node.reason == held.reason:
+                held.failures.setdefault(id8(f.failure_id), FailureNote(f.failure_id, f.pattern))
+            if "for this failure" in reason:
+                self.history.handled.add(f.failure_id)
+        elif d.alert and decision == D.REFUSED and d.rule != "breaker-window" and d.rule != "breaker-fraction":
+            await self._alert(f, d)
+        return self._remediation(f, d, decision, reason, argv=argv, exit_code=exit_code, output=output)
 
-    async def _reset_view(self, _: web.Request) -> web.Response:
+    async def _drain_with_retries(self, name: str, reason: str) -> tuple[bool, list[str], int | None, str | None, str]:
+        """Drain with retries and exponential backoff. Before each retry the node is read
+        again: if the drain did land (e.g. a timeout after Slurm applied it) it is not repeated."""
+        tries = 1 + self.settings.remediator_command_retries
+        err = ""
+        argv: list[str] = []
+        code: int | None = None
+        out: str | None = None
+        for attempt in range(tries):
+            if attempt:
+                await asyncio.sleep(self.settings.remediator_retry_backoff_s * 2 ** (attempt - 1))
+                try:
+                    cur = await self.client.node(name)
+                except (SlurmError, OSError, ValueError):
+                    cur = None
+                if cur is not None and cur.drained and cur.reason == reason:
+                    return True, argv, code, out, ""
+            try:
+                res = await self.client.update_node(name, "DRAIN", reason)
+            except (SlurmError, OSError, ValueError) as exc:
+                err = str(exc)
+                log.warning("drain of %s failed (try %d/%d): %s", name, attempt + 1, tries, err)
+                continue
+            argv, code, out = list(res.argv), res.exit_code, res.output() or None
+            if res.ok:
+                return True, argv, code, out, ""
+            err = f"scontrol exit {res.exit_code}: {res.output(300)}"
+            log.warning("drain of %s failed (try %d/%d): %s", name, attempt + 1, tries, err)
+        return False, argv, code, out, err
+
+    # -- resolution -> resume ----------------------------------------------------------
+    async def _on_resolved(self, f: Failure, now: float) -> tuple[Decision, Remediation]:
+        """Note a resolved failure behind a drain; resolve its alerts."""
+        await self.alerter.resolve(f.node, "GpuwardenFailure", f.pattern)
+        await self.alerter.resolve(f.node, "GpuwardenRemediationRefused", f.pattern)
+        rec = self.history.drained.get(f.node)
+        note = rec.failures.get(id8(f.failure_id)) if rec else None
+        if rec is None or note is None:
+            why = "failure resolved; gpuwarden holds no drain for it"
+        else:
+            if note.open:
+                note.open, note.resolved_at = False, now
+            left = [k for k, n in rec.failures.items() if n.open]
+            why = (
+                f"failure resolved; {len(left)} other failure(s) behind the drain still open"
+                if left
+                else f"failure resolved; {f.node} resumes after the {self.policy_file.hold_down_s:g}s hold-down"
+            )
+        d = Decision(D.SKIPPED, f"[rule=resolved] {why}", Action.NONE, rule="resolved")
+        return d, self._remediation(f, d, D.SKIPPED, d.reason)
+
+    async def resume_due(self) -> list[Remediation]:
+        """Resume every node gpuwarden drained whose failures have all resolved and whose
+        hold-down has passed; stop tracking drains someone else took over. Returns the
+        published remediations (resumes and refusals)."""
+        out: list[Remediation] = []
+        async with self._lock:
+            if not self.lease.held():
+                return out
+            for name, rec in list(self.history.drained.items()):
+                try:
+                    node = await self.client.node(name)
+                except (SlurmError, OSError, ValueError) as exc:
+                    log.warning("cannot read %s for resume: %s", name, exc)
+                    continue
+                rd = decide_resume(node, rec, self.policy_file, self.history, self.now())
+                if rd.verdict == "wait":
+                    continue
+                fids = [n.failure_id for n in rec.failures.values()]
+                argv: list[str] = []
+                code: int | None = None
+                output: str | None = None
+                decision = D.SKIPPED
+                reason = f"[rule={rd.rule}] {rd.reason}"
+                if rd.verdict == "resume":
+                    if not self.cfg.enforce:
+                        decision, argv = D.DRY_RUN, drain_argv(name, "RESUME", None)
+                        reason += " (dry-run)"
+                    else:
+                        ok, argv, code, output, err = await self._resume_with_retries(name)
+                        decision = D.EXECUTED if ok else D.FAILED
+                        if not ok:
+                            reason = f"[rule=command] resume failed after retries: {err}"
+                            await self.alerter.fire(
+                                "GpuwardenRemediationFailed",
+                                name,
+                                "resume",
+                                "warning",
+                                f"resume of {name} failed: {err}",
+                            )
+                    if decision in (D.EXECUTED, D.DRY_RUN):
+                        await self.alerter.resolve(name)
+                del self.history.drained[name]
+                rem = Remediation(
+                    remediation_id=stable_id("resume", name, *fids, decision.value, rd.rule),
+                    ts=self.now(),
+                    decided_at=time.time(),
+                    node=name,
+                    action=Action.RESUME,
+                    argv=argv,
+                    dry_run=not self.cfg.enforce,
+                    decision=decision,
+                    reason=f"resume: {reason}",
+                    failure_ids=fids,
+                    exit_code=code,
+                    output=output,
+                )
+                self.decisions[decision.value] = self.decisions.get(decision.value, 0) + 1
+                self.recent.append(
+                    {
+                        "at": rem.decided_at,
+                        "node": name,
+                        "decision": decision.value,
+                        "action": "resume",
+                        "rule": rd.rule,
+                        "failure": ",".join(fids),
+                        "pattern": "",
+                        "reason": rem.reason,
+                        "argv": argv,
+                    }
+                )
+                await self.publish("remediations", name, rem)
+                log.warning("%s resume of %s (rule %s): %s", decision.value, name, rd.rule, rem.reason)
+                out.append(rem)
+            self._save()
+        return out
+
+    async def _resume_with_retries(self, name: str) -> tuple[bool, list[str], int | None, str | None, str]:
+        tries = 1 + self.settings.remediator_command_retries
+        err, argv, code, out = "", [], None, None
+        for attempt in range(tries):
+            if attempt:
+                await asyncio.sleep(self.settings.remediator_retry_backoff_s * 2 ** (attempt - 1))
+            try:
+                res = await self.client.update_node(name, "RESUME", None)
+            except (SlurmError, OSError, ValueError) as exc:
+                err = str(exc)
+                continue
+            argv, code, out = list(res.argv), res.exit_code, res.output() or None
+            if res.ok:
+                return True, argv, code, out, ""
+            err = f"scontrol exit {res.exit_code}: {res.output(300)}"
+        return False, argv, code, out, err
+
+    # -- breaker, status, persistence --------------------------------------------------
+    def reset_breaker(self, by: str) -> str | None:
+        """Close a tripped breaker; returns what it was."""
         was = self.history.breaker_reason
         self.history.reset_breaker()
-        log.warning("circuit breaker reset by request (was: %s)", was)
+        log.warning("circuit breaker reset by %s (was: %s)", by, was)
+        self._save()
+        return was
+
+    def _sync_breaker(self) -> None:
+        """Pick up a ``reset-breaker --ledger`` made while running."""
+        if self.ledger is None or self.history.breaker_reason is None:
+            return
+        try:
+            at = float(self.ledger.read().get("breaker_reset_at") or 0.0)
+        except (OSError, ValueError):
+            return
+        if at > self._reset_seen:
+            self._reset_seen = at
+            self.reset_breaker("the ledger file (gpuwarden remediator reset-breaker)")
+
+    def status(self) -> dict[str, Any]:
+        """Breaker state, recent actions, drained nodes with their failures."""
+        return {
+            "enforce": self.cfg.enforce,
+            "cluster": self.settings.remediator_cluster,
+            "active": self.lease.held(),
+            "breaker": {"open": self.history.breaker_reason is not None, "reason": self.history.breaker_reason},
+            "drained": {
+                n: {
+                    "reason": r.reason,
+                    "drained_at": r.drained_at,
+                    "failures": [vars(x) for x in r.failures.values()],
+                }
+                for n, r in self.history.drained.items()
+            },
+            "decisions": dict(self.decisions),
+            "recent": list(self.recent),
+            "alerts_active": len(self.alerter.active),
+        }
+
+    def _save(self) -> None:
+        if self.ledger is None:
+            return
+        try:
+            data = {
+                "history": self.history.to_json(),
+                "recent": list(self.recent),
+                "status": self.status(),
+                "breaker_reset_at": self._reset_seen,
+                "updated_at": time.time(),
+            }
+            self.ledger.write(data)
+        except (OSError, ValueError) as exc:
+            log.error("cannot write the ledger %s: %s", self.ledger.path, exc)
+
+    async def _reset_view(self, _: web.Request) -> web.Response:
+        was = self.reset_breaker("HTTP POST /breaker/reset")
         return web.json_response({"breaker": "closed", "was": was})
 
+    async def _status_view(self, _: web.Request) -> web.Response:
+        return web.json_response(self.status())
+
     def health(self) -> dict[str, Any]:
+        """Health plus enforcement, breaker, decisions and known nodes."""
         h = super().health()
         h.update(
             enforce=self.cfg.enforce,
             breaker=self.history.breaker_reason or "closed",
             decisions=dict(self.decisions),
             known_nodes=len(self.nodes),
+            active=self.lease.held(),
         )
         return h
+
+
+def _adopt(n: NodeState) -> DrainRecord:
+    """A record for a gpuwarden drain found on a node (after a restart without ledger):
+    the failure is known by its short id from the reason."""
+    reason = n.reason or ""
+    parts = dict(p.split("=", 1) for p in reason[len(REASON_PREFIX) :].split() if "=" in p)
+    fid = parts.get("failure", "")
+    pattern = reason[len(REASON_PREFIX) :].split()[0] if reason[len(REASON_PREFIX) :].split() else ""
+    rec = DrainRecord(n.node, reason, n.reason_ts or 0.0)
+    if fid:
+        rec.failures[id8(fid)] = FailureNote(fid, pattern)
+    return rec
 
 
 async def resume_node(client: SlurmClient, name: str, dry_run: bool = False) -> tuple[int, str]:

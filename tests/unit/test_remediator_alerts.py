@@ -1,0 +1,170 @@
+"""Alerts against a local aiohttp receiver that checks the Alertmanager v2 postable-alerts
+schema; Slack and generic webhooks; grouping/de-dup, resolve, retries; secrets never logged."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from pydantic import SecretStr
+
+from gpuwarden.remediator.alerts import Alerter, AlertmanagerSink, JsonWebhookSink, MemoryAlertSink, SlackSink
+
+TOKEN = "s3cr3t-token-never-logged"
+
+
+def _ts(v: Any) -> dt.datetime:
+    assert isinstance(v, str) and v.endswith("Z"), v
+    return dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
+
+
+def validate_postable_alerts(body: Any) -> None:
+    """Alertmanager v2 ``postableAlerts``: a list of objects with required ``labels``
+    (string map, non-empty), optional ``annotations`` (string map), ``startsAt``/``endsAt``
+    (RFC 3339 date-time), ``generatorURL`` (URI); nothing else."""
+    assert isinstance(body, list) and body, "postableAlerts must be a non-empty list"
+    for a in body:
+        assert isinstance(a, dict)
+        assert set(a) <= {"labels", "annotations", "startsAt", "endsAt", "generatorURL"}, set(a)
+        assert isinstance(a["labels"], dict) and a["labels"]
+        for m in (a["labels"], a.get("annotations", {})):
+            assert all(isinstance(k, str) and isinstance(v, str) for k, v in m.items())
+        assert "alertname" in a["labels"]
+        if "startsAt" in a and "endsAt" in a:
+            assert _ts(a["endsAt"]) >= _ts(a["startsAt"])
+        elif "startsAt" in a:
+            _ts(a["startsAt"])
+        if "generatorURL" in a:
+            assert a["generatorURL"].startswith("http")
+
+
+class Receiver:
+    def __init__(self) -> None:
+        self.am: list[Any] = []
+        self.slack: list[Any] = []
+        self.hook: list[tuple[Any, str | None]] = []
+        self.fail_next = 0
+
+    async def alerts(self, req: web.Request) -> web.Response:
+        body = await req.json()
+        try:
+            validate_postable_alerts(body)
+        except AssertionError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        if self.fail_next:
+            self.fail_next -= 1
+            return web.Response(status=503, text="busy")
+        self.am.append(body)
+        return web.json_response({})
+
+    async def slack_view(self, req: web.Request) -> web.Response:
+        self.slack.append(await req.json())
+        return web.Response(text="ok")
+
+    async def hook_view(self, req: web.Request) -> web.Response:
+        self.hook.append((await req.json(), req.headers.get("Authorization")))
+        return web.json_response({"ok": True})
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[tuple[Receiver, str]]:
+    rec = Receiver()
+    app = web.Application()
+    app.router.add_post("/api/v2/alerts", rec.alerts)
+    app.router.add_post(f"/services/{TOKEN}", rec.slack_view)
+    app.router.add_post("/hook", rec.hook_view)
+    runner = web.AppRunner(app, access_log=None)  # the receiver is not under test; its log would show the URL
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield rec, f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_alertmanager_v2_fire_dedup_resolve(receiver: tuple[Receiver, str]) -> None:
+    rec, base = receiver
+    t = [1_800_000_000.0]
+    al = Alerter(
+        [AlertmanagerSink(SecretStr(base), generator_url="http://rem/status")],
+        labels={"cluster": "c1"},
+        now=lambda: t[0],
+        repeat_s=30,
+    )
+    assert await al.fire("GpuwardenNodeDrained", "gpu-node-003", "gpu-fallen-off-bus", "fatal", "drained")
+    assert not await al.fire("GpuwardenNodeDrained", "gpu-node-003", "gpu-fallen-off-bus", "fatal", "again")
+    assert await al.fire("GpuwardenNodeDrained", "gpu-node-004", "gpu-fallen-off-bus", "fatal", "drained")
+    assert len(rec.am) == 2 and al.failed == 0
+    first = rec.am[0][0]
+    assert first["labels"] == {
+        "cluster": "c1",
+        "alertname": "GpuwardenNodeDrained",
+        "node": "gpu-node-003",
+        "pattern": "gpu-fallen-off-bus",
+        "severity": "fatal",
+    }
+    assert first["startsAt"] == "2027-01-15T08:00:00.000Z" and "endsAt" not in first
+    assert first["annotations"]["summary"] == "drained" and first["generatorURL"] == "http://rem/status"
+    t[0] += 31
+    await al.tick()  # Alertmanager gets the still-firing alerts again (no timeout)
+    assert len(rec.am) == 3 and len(rec.am[2]) == 2
+    t[0] += 5
+    assert await al.resolve("gpu-node-003") == 1
+    res = rec.am[-1][0]
+    assert res["labels"]["node"] == "gpu-node-003" and _ts(res["endsAt"]) > _ts(res["startsAt"])
+    assert await al.resolve("gpu-node-003") == 0  # nothing firing: no duplicate resolve
+
+
+async def test_receiver_rejects_a_bad_payload_and_alerter_retries(receiver: tuple[Receiver, str]) -> None:
+    rec, base = receiver
+    bad = [{"labels": {}, "startsAt": "yesterday"}]
+    try:
+        validate_postable_alerts(bad)
+        raise RuntimeError("the schema check accepted an invalid payload")
+    except AssertionError:
+        pass
+    rec.fail_next = 1
+    al = Alerter([AlertmanagerSink(SecretStr(base))], backoff_s=0.01)
+    await al.fire("X", "gpu-node-003", "p", "critical", "s")
+    assert len(rec.am) == 1 and al.delivered == 1 and al.failed == 0
+    rec.fail_next = 5
+    await al.fire("Y", "gpu-node-003", "p", "critical", "s")
+    assert al.failed == 1  # gave up after retries: no endless loop
+
+
+async def test_slack_and_webhook_and_secrets_not_logged(
+    receiver: tuple[Receiver, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    rec, base = receiver
+    caplog.set_level(logging.DEBUG)
+    slack = SlackSink(SecretStr(f"{base}/services/{TOKEN}"))
+    hook = JsonWebhookSink(SecretStr(f"{base}/hook"), token=SecretStr(TOKEN))
+    dead = SlackSink(SecretStr(f"http://127.0.0.1:1/services/{TOKEN}"))
+    al = Alerter([slack, hook, dead], backoff_s=0.01, retries=1)
+    await al.fire("GpuwardenFailure", "gpu-node-004", "thermal-throttle", "critical", "hot GPU")
+    await al.resolve("gpu-node-004")
+    assert [m["text"].split()[1] for m in rec.slack] == ["*FIRING*", "*RESOLVED*"]
+    assert "gpu-node-004" in rec.slack[0]["text"] and "thermal-throttle" in rec.slack[0]["text"]
+    (fired, auth), (resolved, _) = rec.hook
+    assert auth == f"Bearer {TOKEN}"
+    assert fired["status"] == "firing" and fired["alerts"][0]["labels"]["pattern"] == "thermal-throttle"
+    assert resolved["status"] == "resolved" and "endsAt" in resolved["alerts"][0]
+    assert al.failed == 2  # the unreachable sink, fire and resolve
+    assert TOKEN not in caplog.text and "services/" not in caplog.text
+    assert TOKEN not in repr(slack.__dict__) and TOKEN not in str(hook.__dict__)
+
+
+async def test_memory_sink_grouping_per_node_and_pattern() -> None:
+    sink = MemoryAlertSink()
+    al = Alerter([sink])
+    await al.fire("A", "n1", "p1", "critical", "s")
+    await al.fire("A", "n1", "p2", "critical", "s")
+    await al.fire("A", "n1", "p1", "critical", "s")
+    assert [b[0].labels["pattern"] for b in sink.sent] == ["p1", "p2"]
+    assert await al.resolve("n1", pattern="p2") == 1 and list(al.active) == [("n1", "A", "p1")]

@@ -1,0 +1,112 @@
+"""Ledger persistence, ``gpuwarden remediator status`` / ``reset-breaker`` (ledger and HTTP),
+retries with backoff then alert (no loop), and the lease standby — against FakeSlurm."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from gpuwarden.remediator import (
+    Alerter,
+    LeaseBoard,
+    MemoryAlertSink,
+    MemoryLease,
+    Remediator,
+    RemediatorSettings,
+)
+from gpuwarden.remediator.cli import app
+from gpuwarden.shared.bus import MemoryPublisher
+from gpuwarden.shared.models import Action, Category, CostEstimate, Failure, NodeState, Severity
+from gpuwarden.shared.models import RemediationDecision as D
+from gpuwarden.shared.slurm import FakeSlurm
+
+NOW = 2_000_000.0
+
+
+class Prod(MemoryPublisher):
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+def failure(node: str, fid: str) -> Failure:
+    return Failure(
+        failure_id=fid, pattern="gpu-fallen-off-bus", rule_id="xid-79", category=Category.HARDWARE,
+        severity=Severity.FATAL, node=node, gpu_index=0, first_seen=NOW, last_seen=NOW, verdict="v",
+        recommended_action=Action.DRAIN, cost=CostEstimate(affected_gpus=1, usd_per_hour=3.0, gpu_hours_lost=0),
+    )  # fmt: skip
+
+
+def make(ledger: Path, **kw: object) -> tuple[Remediator, FakeSlurm, MemoryAlertSink]:
+    fake = FakeSlurm(nodes=[NodeState(node=f"gpu-node-{i:03d}", ts=NOW, state="IDLE") for i in range(1, 5)])
+    sink = MemoryAlertSink()
+    s = RemediatorSettings(
+        remediator_enforce=True, remediator_ledger_file=ledger, remediator_retry_backoff_s=0.01, **kw
+    )  # type: ignore[arg-type]
+    return Remediator(s, client=fake, producer=Prod(), now=lambda: NOW, alerter=Alerter([sink])), fake, sink  # type: ignore[arg-type]
+
+
+async def test_breaker_persists_status_and_reset_via_ledger(tmp_path: Path) -> None:
+    led = tmp_path / "ledger.json"
+    r, fake, _ = make(led)
+    await r.seed()
+    assert (await r.handle_failure(failure("gpu-node-003", "aaaaaaaa1"))).decision == D.EXECUTED
+    assert (await r.handle_failure(failure("gpu-node-004", "bbbbbbbb2"))).decision == D.REFUSED  # 1 of 4 allowed
+    cli = CliRunner()
+    out = cli.invoke(app, ["status", "--ledger", str(led)])
+    assert out.exit_code == 0, out.output
+    assert "breaker: OPEN" in out.output and "gpu-node-003" in out.output and "aaaaaaaa1" in out.output
+    assert "[breaker-fraction]" in out.output
+    # a restarted remediator keeps the latched breaker (persisted)
+    r2, _, _ = make(led)
+    r2.client = fake
+    await r2.seed()
+    assert r2.history.breaker_reason and "gpu-node-003" in r2.history.drained
+    out = cli.invoke(app, ["reset-breaker", "--ledger", str(led)])
+    assert out.exit_code == 0 and "circuit breaker closed (was: [rule=breaker-fraction]" in out.output
+    fake.nodes_map["gpu-node-003"] = fake.nodes_map["gpu-node-003"].model_copy(update={"flags": [], "reason": None})
+    r2.nodes.clear()
+    assert (await r2.handle_failure(failure("gpu-node-004", "cccccccc3"))).decision == D.EXECUTED
+    assert r2.history.breaker_reason is None
+
+
+async def test_status_and_reset_over_http(tmp_path: Path) -> None:
+    r, _, _ = make(tmp_path / "l.json")
+    r.history.breaker_reason = "tripped"
+    await r.http.start()
+    try:
+        url = f"http://127.0.0.1:{r.http.port}"
+        cli = CliRunner()
+        out = await asyncio.to_thread(cli.invoke, app, ["status", "--url", url, "--json"])
+        assert out.exit_code == 0 and '"open": true' in out.output
+        out = await asyncio.to_thread(cli.invoke, app, ["reset-breaker", "--url", url])
+        assert out.exit_code == 0 and "was: tripped" in out.output and r.history.breaker_reason is None
+    finally:
+        await r.http.stop()
+    bad = CliRunner().invoke(app, ["status"])
+    assert bad.exit_code == 2 and "--url" in bad.output
+
+
+async def test_failed_drain_retries_with_backoff_then_alerts_and_never_loops(tmp_path: Path) -> None:
+    r, fake, sink = make(tmp_path / "l.json", remediator_command_retries=2)
+    await r.seed()
+    fake.fail_with = 1
+    f = failure("gpu-node-003", "dddddddd4")
+    rem = await r.handle_failure(f)
+    assert rem.decision == D.FAILED and "[rule=command]" in rem.reason
+    assert len(fake.calls) == 3  # 1 try + 2 retries
+    assert sink.sent[-1][0].labels["alertname"] == "GpuwardenRemediationFailed"
+    again = await r.handle_failure(f)  # redelivered: no new attempt
+    assert again.decision == D.SKIPPED and len(fake.calls) == 3
+
+
+async def test_standby_replica_does_not_act(tmp_path: Path) -> None:
+    board = LeaseBoard()
+    a, _fa, _ = make(tmp_path / "a.json")
+    b, fb, _ = make(tmp_path / "b.json")
+    a.lease, b.lease = MemoryLease(board), MemoryLease(board)
+    await a.lease.start()
+    await b.lease.start()
+    assert (await b.handle_failure(failure("gpu-node-003", "eeeeeeee5"))).decision == D.SKIPPED
+    assert fb.calls == [] and not b.status()["active"] and a.status()["active"]
