@@ -1,7 +1,6 @@
-from gpuwarden.shared.service import run_service
+"""``python -m gpuwarden.remediator [--help]``: the same command as ``gpuwarden remediator``."""
 
-from .service import Remediator, RemediatorSettings
+from .cli import app
 
 if __name__ == "__main__":
-    _s = RemediatorSettings()
-    raise SystemExit(run_service(lambda: Remediator(_s), _s.log_level))
+    app(prog_name="python -m gpuwarden.remediator")

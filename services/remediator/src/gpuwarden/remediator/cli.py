@@ -26,8 +26,7 @@ def run(ctx: typer.Context) -> None:
 
     from .service import Remediator, RemediatorSettings
 
-    s = RemediatorSettings()
-    raise typer.Exit(run_service(lambda: Remediator(s), s.log_level))
+    raise typer.Exit(run_service(lambda: Remediator(RemediatorSettings())))
 
 
 @app.command("resume")
