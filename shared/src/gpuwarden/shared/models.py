@@ -74,8 +74,13 @@ class Model(BaseModel):
 
 
 def dumps(model: BaseModel) -> bytes:
-    """JSON bytes of a model via orjson (enums as their values, floats as given)."""
-    return orjson.dumps(model.model_dump(mode="json"))
+    """JSON bytes of a model via orjson (enums as their values, floats as given).
+
+    Fields that are ``None`` (not reported by the source) are left out: the schema's
+    default for every optional field is ``None``, so nothing is lost, and a sample of an
+    8-GPU node shrinks to a third.
+    """
+    return orjson.dumps(model.model_dump(mode="json", exclude_none=True))
 
 
 def stable_id(*parts: Any) -> str:

@@ -19,12 +19,15 @@ from prometheus_client import Counter, Gauge, Histogram
 from gpuwarden.shared.bus import Producer, Publisher
 from gpuwarden.shared.service import Service
 
+from .outbox import Outbox
 from .settings import CollectorSettings
 from .sources import (
     SOURCES,
+    EventDeduper,
     FileFollower,
     KmsgReader,
     LineReader,
+    NvmlEventWatcher,
     NvmlSource,
     Paced,
     ReplaySource,
@@ -50,8 +53,20 @@ def _nvml_source(settings: CollectorSettings) -> Source:
     reader: LineReader | None = None
     kl = settings.collector_kernel_log
     if kl:
-        reader = KmsgReader(kl) if kl.startswith("/dev/") else FileFollower(Path(kl), from_end=True)
-    return NvmlSource(pynvml, settings.collector_node, time.time, kernel_log=reader)
+        if kl.startswith("/dev/"):
+            # kmsg stamps are CLOCK_MONOTONIC microseconds: boot epoch = now - monotonic now
+            reader = KmsgReader(kl, state_path=settings.collector_kmsg_state, boot_ts=time.time() - time.monotonic())
+        else:
+            reader = FileFollower(Path(kl), from_end=True)
+    watcher = NvmlEventWatcher(pynvml, settings.collector_node, time.time) if settings.collector_nvml_events else None
+    return NvmlSource(
+        pynvml,
+        settings.collector_node,
+        time.time,
+        kernel_log=reader,
+        event_watcher=watcher,
+        dedupe=EventDeduper() if watcher is not None else None,
+    )
 
 
 @register_source("replay")
@@ -122,6 +137,19 @@ class CollectorService(Service):
         )
         self.m_gpus = Gauge("gpuwarden_collector_gpus", "GPUs in the last sample, by node", ["node"], registry=r)
         self.m_events = Counter("gpuwarden_collector_events", "GPU events published, by kind", ["kind"], registry=r)
+        self.m_dropped = Counter(
+            "gpuwarden_collector_dropped",
+            "Messages dropped because the outage buffer was full, by topic",
+            ["topic"],
+            registry=r,
+        )
+        self.m_buffered = Gauge("gpuwarden_collector_buffered", "Messages waiting in the outage buffer", registry=r)
+        self.outbox = Outbox(
+            self.publish,
+            max_messages=settings.collector_buffer_messages,
+            spool=settings.collector_spool,
+            on_drop=lambda topic, n: self.m_dropped.labels(topic).inc(n),
+        )
 
     async def on_start(self) -> None:
         self.spawn(self.run_loop(), "collect")
@@ -151,16 +179,19 @@ class CollectorService(Service):
     async def tick(self) -> tuple[int, int]:
         """One round: collect and publish samples, then events. Returns (samples, events) published.
 
-        Source errors are counted and logged, never raised; publish errors are raised.
+        Source errors are counted and logged, never raised. Publish failures (broker
+        unreachable) buffer the messages in :attr:`outbox` (bounded, optional spool, replayed in
+        order on a later tick; drops counted in ``gpuwarden_collector_dropped_total{topic}``).
         """
         samples = await self._measured("collect", self.source.collect)
-        for s in samples:
-            await self.publish("gpu.samples", s.node, s)
-            self.m_gpus.labels(s.node).set(len(s.gpus))
         events = await self._measured("events", self.source.events)
+        for s in samples:
+            await self.outbox.submit("gpu.samples", s.node, s)
+            self.m_gpus.labels(s.node).set(len(s.gpus))
         for e in events:
-            await self.publish("gpu.events", e.node, e)
+            await self.outbox.submit("gpu.events", e.node, e)
             self.m_events.labels(e.kind.value).inc()
+        self.m_buffered.set(len(self.outbox.queue))
         self.ticks += 1
         return len(samples), len(events)
 

@@ -41,6 +41,19 @@ class CollectorSettings(ServiceSettings):
         description="nvml: kernel log to read XIDs from (/dev/kmsg or a file followed from its end); empty = none",
     )
 
+    collector_kmsg_state: Path | None = Field(
+        None, description="nvml: file keeping the last /dev/kmsg sequence number read (resume after restart)"
+    )
+    collector_nvml_events: bool = Field(
+        True, description="nvml: also watch NVML XID/ECC events (deduplicated against the kernel log)"
+    )
+    collector_buffer_messages: int = Field(
+        10_000, ge=1, description="Messages kept while the broker is unreachable (oldest dropped beyond, counted)"
+    )
+    collector_spool: Path | None = Field(
+        None, description="Optional file spooling the outage buffer (JSON lines), replayed after a restart"
+    )
+
     @model_validator(mode="after")
     def _needs(self) -> CollectorSettings:
         if self.collector_source == "replay" and self.collector_replay_dir is None:

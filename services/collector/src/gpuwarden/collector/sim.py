@@ -367,6 +367,73 @@ class FakeNvml:
         self._h(handle)
         return int(self._energy_mj[handle.index])
 
+    def nvmlDeviceGetSerial(self, handle: Any) -> str:
+        self._h(handle)
+        return f"16523{int(uuid_of(self.scenario.seed, self.node, handle.index)[4:12], 16) % 10**8:08d}"
+
+    def nvmlDeviceGetVbiosVersion(self, handle: Any) -> str:
+        self._h(handle)
+        return "96.00.74.00.01"
+
+    def nvmlDeviceGetTemperatureThreshold(self, handle: Any, threshold: int) -> int:
+        self._h(handle)
+        return 92 if threshold == 0 else 89  # shutdown, slowdown (H100 SXM)
+
+    def nvmlDeviceGetPowerManagementLimit(self, handle: Any) -> int:
+        self._h(handle)
+        return int(H100_POWER_LIMIT_W * 1000)
+
+    def nvmlDeviceGetPerformanceState(self, handle: Any) -> int:
+        return 0 if self._h(handle).util > 0 else 8
+
+    def nvmlDeviceGetRetiredPages(self, handle: Any, cause: int) -> list[int]:
+        self._h(handle)  # HBM3 GPUs remap rows instead of retiring pages
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Any) -> int:
+        self._h(handle)
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Any) -> int:
+        self._h(handle)
+        return 5
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Any) -> int:
+        self._h(handle)
+        return 16
+
+    def nvmlDeviceGetPcieThroughput(self, handle: Any, counter: int) -> int:
+        s = self._h(handle)
+        return int(s.util * 300) if counter == 0 else int(s.util * 120)  # KB/s
+
+    def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:
+        self._h(handle)
+        if link >= 18:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return 0 if self._active(self.now(), handle.index, "nvlink-down") else 1
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle: Any, link: int, counter: int) -> int:
+        self._h(handle)
+        t = self.now()
+        if counter in (0, 2) and self._active(t, handle.index, "nvlink-errors", "nvlink-down"):
+            return int(10 * self._since(t, handle.index, "nvlink-errors")) + 1
+        return 0
+
+    def nvmlDeviceGetFanSpeed(self, handle: Any) -> int:
+        self._h(handle)  # SXM modules have no fan of their own
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
+        s = self._h(handle)
+        if s.mem_used_mib <= 1024:
+            return []
+        pid = 10_000 + int(uuid_of(self.scenario.seed, self.node, handle.index)[4:9], 16) % 50_000
+        return [SimpleNamespace(pid=pid, usedGpuMemory=int((s.mem_used_mib - 512) * MIB))]
+
+    def nvmlDeviceGetMigMode(self, handle: Any) -> tuple[int, int]:
+        self._h(handle)
+        return (0, 0)
+
 
 class KernelLogGenerator:
     """Kernel-log lines a simulated node prints for its faults, in the driver's real format.

@@ -21,21 +21,30 @@ import errno
 import logging
 import os
 import socket
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from gpuwarden.shared.models import EventKind, GpuEvent, GpuSample, NodeSample, stable_id
 
-from .parsers import normalize_pci_bus_id, parse_kernel_log_line, parse_nvidia_smi_xml
+from .parsers import (
+    KernelLogParser,
+    normalize_pci_bus_id,
+    parse_kernel_log_line,
+    parse_nvidia_smi_xml,
+    split_kmsg_record,
+)
 
 __all__ = [
     "SOURCES",
     "THROTTLE_BITS",
+    "EventDeduper",
     "FileFollower",
     "KmsgReader",
     "LineReader",
     "Nvml",
+    "NvmlEventWatcher",
     "NvmlSource",
     "Paced",
     "ReplaySource",
@@ -146,23 +155,44 @@ class FileFollower:
 
 
 class KmsgReader:
-    """Read new records from ``/dev/kmsg`` (non-blocking), starting at the end of the ring
-    buffer so a restart does not replay boot-time messages with wrong event times.
+    """Read new records from ``/dev/kmsg`` (non-blocking), resuming by sequence number.
+
+    Without a saved position it starts at the end of the ring buffer (a first start does not
+    replay boot-time messages). With ``state_path`` it saves the last sequence number read
+    (atomically, on every call that read something) and on restart reads the ring buffer from
+    its start, skipping records up to that number, so nothing is lost or repeated across a
+    restart; a gap (records overwritten while down) is logged with its size.
+    ``boot_ts`` (epoch s of boot) lets the parser give records their event time
+    (``boot_ts + usec``). Lines are returned as the raw records ``PRI,SEQ,USEC,FLAGS;TEXT``.
 
     Raises:
         PermissionError: the process may not read ``/dev/kmsg`` (needs CAP_SYSLOG or root
             when ``kernel.dmesg_restrict=1``).
     """
 
-    def __init__(self, path: str = "/dev/kmsg") -> None:
+    def __init__(self, path: str = "/dev/kmsg", state_path: Path | None = None, boot_ts: float | None = None) -> None:
         self.path = path
+        self.state_path = state_path
+        self.boot_ts = boot_ts
         self._fd: int | None = None
+        self.last_seq: int | None = None
+        self.lost_records = 0
+        if state_path is not None and state_path.exists():
+            try:
+                self.last_seq = int(state_path.read_text().strip())
+            except ValueError:
+                log.warning("kmsg state %s unreadable; starting at the end of the ring buffer", state_path)
+
+    def _open(self) -> int:
+        fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        if self.last_seq is None:
+            os.lseek(fd, 0, os.SEEK_END)
+        return fd
 
     def read_new_lines(self) -> list[str]:
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
-            os.lseek(self._fd, 0, os.SEEK_END)
-        lines = []
+            self._fd = self._open()
+        recs = []
         while True:
             try:
                 rec = os.read(self._fd, 8192)
@@ -174,13 +204,189 @@ class KmsgReader:
                 raise
             if not rec:
                 break
-            lines.append(rec.decode("utf-8", errors="replace").split("\n", 1)[0])
-        return lines
+            recs.append(rec.decode("utf-8", errors="replace"))
+        return self.accept(recs)
+
+    def accept(self, records: list[str]) -> list[str]:
+        """Pure part of :meth:`read_new_lines`: drop records at or below the last sequence
+        number, count gaps, remember and save the new last sequence number. Returns the first
+        line of each new record."""
+        out = []
+        for r in records:
+            head = split_kmsg_record(r)
+            if head is None:
+                continue
+            if self.last_seq is not None:
+                if head.seq <= self.last_seq:
+                    continue
+                if head.seq > self.last_seq + 1:
+                    gap = head.seq - self.last_seq - 1
+                    self.lost_records += gap
+                    log.warning("kmsg: %d records lost (overwritten) before seq %d", gap, head.seq)
+            self.last_seq = head.seq
+            out.append(r.split("\n", 1)[0])
+        if out and self.state_path is not None:
+            tmp = self.state_path.with_suffix(".tmp")
+            tmp.write_text(str(self.last_seq))
+            tmp.replace(self.state_path)
+        return out
 
     def close(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+
+class EventDeduper:
+    """Collapse one XID seen by both NVML events and the kernel log into one event.
+
+    The kernel-log event wins (it carries the raw line, pid and channel): an NVML event
+    (source ``nvml-event``) is held for ``hold_s`` seconds and dropped if a kernel-log event
+    with the same (kind, code, PCI bus id) and event time within ``window_s`` arrives; kernel-log
+    events are never dropped (bursts of the same XID are real). Times are event times; ``now``
+    is the caller's clock.
+    """
+
+    def __init__(self, window_s: float = 10.0, hold_s: float = 2.0) -> None:
+        self.window_s = window_s
+        self.hold_s = hold_s
+        self._seen: dict[tuple[str, int | None, str | None], float] = {}
+        self._held: list[tuple[float, GpuEvent]] = []
+        self.dropped = 0
+
+    @staticmethod
+    def _key(e: GpuEvent) -> tuple[str, int | None, str | None]:
+        return (e.kind.value, e.code, e.pci_bus_id)
+
+    def filter(self, events: list[GpuEvent], now: float) -> list[GpuEvent]:
+        out = []
+        for e in events:
+            if e.source == "nvml-event":
+                self._held.append((now, e))
+                continue
+            self._seen[self._key(e)] = e.ts
+            out.append(e)
+        keep = []
+        for since, e in self._held:
+            seen = self._seen.get(self._key(e))
+            if seen is not None and abs(seen - e.ts) <= self.window_s:
+                self.dropped += 1
+            elif now - since >= self.hold_s:
+                out.append(e)
+            else:
+                keep.append((since, e))
+        self._held = keep
+        horizon = now - 10 * self.window_s
+        if len(self._seen) > 4096:
+            self._seen = {k: t for k, t in self._seen.items() if t >= horizon}
+        out.sort(key=lambda e: e.ts)
+        return out
+
+
+class NvmlEventWatcher:
+    """NVML event set in a daemon thread: XID critical errors and single/double-bit ECC events.
+
+    ``start()`` registers every GPU (a GPU or event type NVML refuses is skipped and logged)
+    and waits in ``nvmlEventSetWait_v2`` (1 s timeout) until ``stop()``. ``drain(inventory)``
+    returns the events seen since the last call as :class:`GpuEvent` (source ``nvml-event``,
+    ts = ``clock()`` when NVML delivered it, GPU resolved through ``inventory``).
+    """
+
+    XID = 8  # nvmlEventTypeXidCriticalError
+    SBE = 1  # nvmlEventTypeSingleBitEccError
+    DBE = 2  # nvmlEventTypeDoubleBitEccError
+
+    def __init__(self, nvml: Any, node: str, clock: Clock, wait_ms: int = 1000) -> None:
+        self.nvml = nvml
+        self.node = node
+        self.clock = clock
+        self.wait_ms = wait_ms
+        self._q: list[tuple[float, int, int, int]] = []  # ts, gpu index, event type, data
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._index: dict[int, int] = {}
+        self.started = False
+
+    def start(self) -> None:
+        n = self.nvml
+        self._set = n.nvmlEventSetCreate()
+        for i in range(n.nvmlDeviceGetCount()):
+            h = n.nvmlDeviceGetHandleByIndex(i)
+            self._index[id(h)] = i
+            for mask in (self.XID | self.SBE | self.DBE, self.XID):
+                try:
+                    n.nvmlDeviceRegisterEvents(h, mask, self._set)
+                    break
+                except n.NVMLError as exc:
+                    log.info("NVML events mask %#x refused for GPU %d: %s", mask, i, exc)
+        self.started = True
+        self._thread = threading.Thread(target=self._run, name="nvml-events", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        n = self.nvml
+        while not self._stop.is_set():
+            try:
+                d = n.nvmlEventSetWait_v2(self._set, self.wait_ms)
+            except n.NVMLError as exc:
+                if getattr(exc, "value", None) == NVML_ERROR_TIMEOUT:
+                    continue
+                log.warning("NVML event wait failed: %s; retrying in 1 s", exc)
+                self._stop.wait(1.0)
+                continue
+            self.push(self._index.get(id(d.device), -1), int(d.eventType), int(d.eventData))
+
+    def push(self, gpu: int, event_type: int, data: int) -> None:
+        """Queue one delivered event (called by the thread; tests call it directly)."""
+        with self._lock:
+            self._q.append((self.clock(), gpu, event_type, data))
+
+    def drain(self, inventory: Sequence[GpuSample]) -> list[GpuEvent]:
+        with self._lock:
+            q, self._q = self._q, []
+        by_index = {g.index: g for g in inventory}
+        out = []
+        for ts, gpu, etype, data in q:
+            g = by_index.get(gpu)
+            if etype == self.XID:
+                kind, code, msg = EventKind.XID, data, f"XID {data} reported by NVML"
+            else:
+                kind, code = EventKind.ECC, None
+                msg = (
+                    "double-bit ECC error reported by NVML"
+                    if etype == self.DBE
+                    else "single-bit ECC error reported by NVML"
+                )
+            raw = f"NVML event type={etype} data={data} gpu={gpu}"
+            out.append(
+                GpuEvent(
+                    event_id=stable_id(self.node, ts, kind.value, code, raw),
+                    node=self.node,
+                    ts=ts,
+                    kind=kind,
+                    code=code,
+                    gpu_index=gpu if gpu >= 0 else None,
+                    pci_bus_id=g.pci_bus_id if g else None,
+                    gpu_uuid=g.uuid if g else None,
+                    message=msg,
+                    raw=raw,
+                    source="nvml-event",
+                )
+            )
+        return out
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        if self.started:
+            self.started = False
+            try:
+                self.nvml.nvmlEventSetFree(self._set)
+            except Exception:  # best effort at shutdown
+                log.debug("nvmlEventSetFree failed", exc_info=True)
 
 
 # -- NVML --------------------------------------------------------------------------------
@@ -218,6 +424,14 @@ class Nvml(Protocol):
     def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Any) -> int: ...
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int: ...
 
+    # Optional calls: a module without one of these (older nvidia-ml-py) leaves the field absent.
+    # nvmlDeviceGetSerial, nvmlDeviceGetVbiosVersion, nvmlDeviceGetTemperatureThreshold,
+    # nvmlDeviceGetPowerManagementLimit, nvmlDeviceGetPerformanceState, nvmlDeviceGetRetiredPages,
+    # nvmlDeviceGetRetiredPagesPendingStatus, nvmlDeviceGetMaxPcieLinkGeneration,
+    # nvmlDeviceGetMaxPcieLinkWidth, nvmlDeviceGetPcieThroughput, nvmlDeviceGetNvLinkState,
+    # nvmlDeviceGetNvLinkErrorCounter, nvmlDeviceGetFanSpeed, nvmlDeviceGetComputeRunningProcesses,
+    # nvmlDeviceGetMigMode, nvmlDeviceGetMaxMigDeviceCount, nvmlDeviceGetMigDeviceHandleByIndex.
+
 
 # NVML constants (nvml.h); the same numbers in pynvml and the fake.
 NVML_ERROR_GPU_IS_LOST = 15
@@ -227,6 +441,35 @@ NVML_CLOCK_MEM = 2
 NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 NVML_VOLATILE_ECC = 0
+NVML_AGGREGATE_ECC = 1
+NVML_CLOCK_GRAPHICS = 0
+NVML_TEMPERATURE_THRESHOLD_SHUTDOWN = 0
+NVML_TEMPERATURE_THRESHOLD_SLOWDOWN = 1
+NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
+NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
+NVML_PCIE_UTIL_TX_BYTES = 0
+NVML_PCIE_UTIL_RX_BYTES = 1
+NVML_NVLINK_MAX_LINKS = 18
+NVML_NVLINK_ERROR_DL_REPLAY = 0
+NVML_NVLINK_ERROR_DL_RECOVERY = 1
+NVML_NVLINK_ERROR_DL_CRC_FLIT = 2
+NVML_NVLINK_ERROR_DL_CRC_DATA = 3
+NVML_FEATURE_ENABLED = 1
+NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
+NVML_ERROR_UNKNOWN = 999
+NVML_ERROR_TIMEOUT = 10
+_NVLINK_COUNTERS = {
+    "replay_errors": NVML_NVLINK_ERROR_DL_REPLAY,
+    "recovery_errors": NVML_NVLINK_ERROR_DL_RECOVERY,
+    "crc_flit_errors": NVML_NVLINK_ERROR_DL_CRC_FLIT,
+    "crc_data_errors": NVML_NVLINK_ERROR_DL_CRC_DATA,
+}
+# Errors after which the whole NVML is unusable until re-initialised.
+_NVML_DEAD = {NVML_ERROR_UNINITIALIZED, NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_LIB_RM_VERSION_MISMATCH}
 
 THROTTLE_BITS: dict[int, str] = {
     0x1: "gpu_idle",
@@ -247,6 +490,10 @@ def _str(v: Any) -> str:
 
 class GpuLost(Exception):
     """NVML answered ``NVML_ERROR_GPU_IS_LOST`` for a device."""
+
+
+class _NvmlDead(Exception):
+    """NVML answered a driver-level error (uninitialised, driver not loaded, version mismatch)."""
 
 
 class NvmlSource:
@@ -270,6 +517,8 @@ class NvmlSource:
         collector_id: str | None = None,
         sample_source: str = "nvml",
         event_source: str = "kmsg",
+        event_watcher: NvmlEventWatcher | None = None,
+        dedupe: EventDeduper | None = None,
     ) -> None:
         self.nvml = nvml
         self.node = node
@@ -284,6 +533,13 @@ class NvmlSource:
         self._pending: list[GpuEvent] = []
         self._driver: str | None = None
         self._known_pci: dict[int, tuple[str | None, str | None]] = {}
+        self._nvml_lost = False
+        self._nvlinks: dict[int, list[int]] = {}  # gpu -> links that answered on first probe
+        self._klog = KernelLogParser(node, source=event_source)
+        self.event_watcher = event_watcher
+        self.dedupe = dedupe
+        self.call_errors: dict[tuple[str, int | None], int] = {}
+        """(NVML function, NVML return code) -> count of errors other than NOT_SUPPORTED."""
 
     async def collect(self) -> list[NodeSample]:
         return [await asyncio.to_thread(self.collect_sync)]
@@ -291,16 +547,27 @@ class NvmlSource:
     def collect_sync(self) -> NodeSample:
         """Synchronous body of :meth:`collect` (also used by the simulator without threads)."""
         n = self.nvml
-        if not self._inited:
-            n.nvmlInit()
-            self._inited = True
-            try:
-                self._driver = _str(n.nvmlSystemGetDriverVersion())
-            except n.NVMLError:
-                self._driver = None
         ts = self.clock()
+        try:
+            if not self._inited:
+                n.nvmlInit()
+                self._inited = True
+                try:
+                    self._driver = _str(n.nvmlSystemGetDriverVersion())
+                except n.NVMLError:
+                    self._driver = None
+            count = n.nvmlDeviceGetCount()
+        except n.NVMLError as exc:
+            return self._nvml_down(ts, exc)
+        w = self.event_watcher
+        if w is not None and not w.started:
+            try:
+                w.start()
+            except (n.NVMLError, AttributeError) as exc:  # AttributeError: bindings without events
+                log.warning("NVML events unavailable (%s); XIDs come from the kernel log only", exc)
+                self.event_watcher = None
         gpus = []
-        for i in range(n.nvmlDeviceGetCount()):
+        for i in range(count):
             try:
                 gpus.append(self._gpu(i))
                 self._lost.discard(i)
@@ -308,6 +575,11 @@ class NvmlSource:
                 if i not in self._lost:
                     self._lost.add(i)
                     self._pending.append(self._lost_event(i, ts, str(exc)))
+            except _NvmlDead as exc:
+                return self._nvml_down(ts, exc.__cause__ or exc)
+        if self._nvml_lost:
+            self._nvml_lost = False
+            log.info("NVML of %s is back", self.node)
         if gpus:  # keep lost GPUs in the inventory: their XIDs still need an index
             known = {g.index: g for g in self.inventory}
             known.update({g.index: g for g in gpus})
@@ -321,19 +593,58 @@ class NvmlSource:
             driver_version=self._driver,
         )
 
+    def _nvml_down(self, ts: float, exc: BaseException) -> NodeSample:
+        """The whole NVML failed (init, count, or a driver-level error): one ``gpu-lost`` event
+        (gpu_index None) per outage, an empty sample, and a fresh ``nvmlInit`` next tick."""
+        if not self._nvml_lost:
+            self._nvml_lost = True
+            raw = f"NVML: {type(exc).__name__}: {exc}"
+            log.warning("NVML of %s failed (%s); retrying every tick", self.node, exc)
+            self._pending.append(
+                GpuEvent(
+                    event_id=stable_id(self.node, ts, EventKind.GPU_LOST.value, "nvml", raw),
+                    node=self.node,
+                    ts=ts,
+                    kind=EventKind.GPU_LOST,
+                    message=f"NVML unusable on {self.node}: {exc}",
+                    raw=raw,
+                    source="nvml",
+                )
+            )
+        if self._inited:
+            self._inited = False
+            try:
+                self.nvml.nvmlShutdown()
+            except Exception:
+                pass
+        return NodeSample(
+            node=self.node,
+            ts=ts,
+            collector_id=self.collector_id,
+            source=self.sample_source,
+            gpus=[],
+            driver_version=self._driver,
+        )
+
     async def events(self) -> list[GpuEvent]:
         out, self._pending = self._pending, []
+        if self.event_watcher is not None:
+            out.extend(self.event_watcher.drain(self.inventory))
         if self.kernel_log is not None:
             out.extend(self.parse_lines(self.kernel_log.read_new_lines()))
+        if self.dedupe is not None:
+            out = self.dedupe.filter(out, self.clock())
         return out
 
     def parse_lines(self, lines: list[str]) -> list[GpuEvent]:
-        """Kernel-log lines -> XID/SXID events with the GPU resolved from the last inventory."""
+        """Kernel-log lines -> XID/SXID events with the GPU resolved from the last inventory
+        (through one :class:`~gpuwarden.collector.parsers.KernelLogParser`, so messages split
+        over lines across calls are joined)."""
         out = []
         now = self.clock()
+        self._klog.boot_ts = getattr(self.kernel_log, "boot_ts", None)
         for line in lines:
-            ev = parse_kernel_log_line(line, self.node, now, source=self.event_source)
-            if ev is not None:
+            for ev in self._klog.feed(line, now):
                 out.append(resolve_gpu(ev, self.inventory))
         return out
 
@@ -344,6 +655,8 @@ class NvmlSource:
                 self.nvml.nvmlShutdown()
             except self.nvml.NVMLError as exc:
                 log.warning("nvmlShutdown failed: %s", exc)
+        if self.event_watcher is not None:
+            self.event_watcher.stop()
         close = getattr(self.kernel_log, "close", None)
         if close is not None:
             close()
@@ -366,61 +679,150 @@ class NvmlSource:
 
     def _gpu(self, i: int) -> GpuSample:
         n = self.nvml
+        errs = self.call_errors
 
-        def call(fn: Callable[..., Any], *args: Any) -> Any:
+        def call(name: str, *args: Any) -> Any:
+            fn = getattr(n, name, None)
+            if fn is None:
+                return None  # this nvidia-ml-py has no such call: field absent
             try:
                 return fn(*args)
             except n.NVMLError as exc:
-                if getattr(exc, "value", None) == NVML_ERROR_GPU_IS_LOST:
+                code = getattr(exc, "value", None)
+                if code == NVML_ERROR_GPU_IS_LOST:
                     raise GpuLost(str(exc) or "NVML_ERROR_GPU_IS_LOST") from exc
+                if code in _NVML_DEAD:
+                    raise _NvmlDead(str(exc)) from exc
+                if code not in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
+                    errs[(name, code)] = errs.get((name, code), 0) + 1
                 return None
 
-        h = call(n.nvmlDeviceGetHandleByIndex, i)
+        h = call("nvmlDeviceGetHandleByIndex", i)
         if h is None:
             raise GpuLost("no handle")
-        uuid = call(n.nvmlDeviceGetUUID, h)
-        pci = call(n.nvmlDeviceGetPciInfo, h)
+        uuid = call("nvmlDeviceGetUUID", h)
+        pci = call("nvmlDeviceGetPciInfo", h)
         pci_id = normalize_pci_bus_id(_str(pci.busId)) if pci is not None else None
         uuid = _str(uuid) if uuid is not None else None
         self._known_pci[i] = (pci_id, uuid)
-        name = call(n.nvmlDeviceGetName, h)
-        util = call(n.nvmlDeviceGetUtilizationRates, h)
-        mem = call(n.nvmlDeviceGetMemoryInfo, h)
-        power = call(n.nvmlDeviceGetPowerUsage, h)
-        limit = call(n.nvmlDeviceGetEnforcedPowerLimit, h)
-        reasons = call(n.nvmlDeviceGetCurrentClocksEventReasons, h)
-        rows = call(n.nvmlDeviceGetRemappedRows, h)
-        energy = call(n.nvmlDeviceGetTotalEnergyConsumption, h)
+        name = call("nvmlDeviceGetName", h)
+        util = call("nvmlDeviceGetUtilizationRates", h)
+        mem = call("nvmlDeviceGetMemoryInfo", h)
+        power = call("nvmlDeviceGetPowerUsage", h)
+        limit = call("nvmlDeviceGetEnforcedPowerLimit", h)
+        mgmt = call("nvmlDeviceGetPowerManagementLimit", h)
+        reasons = call("nvmlDeviceGetCurrentClocksEventReasons", h)
+        rows = call("nvmlDeviceGetRemappedRows", h)
+        energy = call("nvmlDeviceGetTotalEnergyConsumption", h)
+        serial = call("nvmlDeviceGetSerial", h)
+        vbios = call("nvmlDeviceGetVbiosVersion", h)
+        pstate = call("nvmlDeviceGetPerformanceState", h)
+        rp_sbe = call("nvmlDeviceGetRetiredPages", h, NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
+        rp_dbe = call("nvmlDeviceGetRetiredPages", h, NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
+        rp_pending = call("nvmlDeviceGetRetiredPagesPendingStatus", h)
+        tx = call("nvmlDeviceGetPcieThroughput", h, NVML_PCIE_UTIL_TX_BYTES)
+        rx = call("nvmlDeviceGetPcieThroughput", h, NVML_PCIE_UTIL_RX_BYTES)
+        fan = call("nvmlDeviceGetFanSpeed", h)
+        procs = call("nvmlDeviceGetComputeRunningProcesses", h)
+        mig = call("nvmlDeviceGetMigMode", h)
+        mig_on = bool(mig[0] == NVML_FEATURE_ENABLED) if mig is not None else None
+        mig_n: int | None = None
+        if mig_on:
+            mig_n = 0
+            for k in range(call("nvmlDeviceGetMaxMigDeviceCount", h) or 0):
+                if call("nvmlDeviceGetMigDeviceHandleByIndex", h, k) is not None:
+                    mig_n += 1
         mib = 1024 * 1024
+        reserved = getattr(mem, "reserved", None) if mem is not None else None
         return GpuSample(
             index=i,
             uuid=uuid,
             pci_bus_id=pci_id,
             name=_str(name) if name is not None else None,
+            serial=_str(serial) if serial is not None else None,
+            vbios_version=_str(vbios) if vbios is not None else None,
             utilization_gpu_pct=float(util.gpu) if util is not None else None,
             utilization_memory_pct=float(util.memory) if util is not None else None,
             memory_used_mib=mem.used / mib if mem is not None else None,
             memory_total_mib=mem.total / mib if mem is not None else None,
-            temperature_c=call(n.nvmlDeviceGetTemperature, h, NVML_TEMPERATURE_GPU),
+            memory_free_mib=mem.free / mib if mem is not None else None,
+            memory_reserved_mib=reserved / mib if reserved is not None else None,
+            temperature_c=call("nvmlDeviceGetTemperature", h, NVML_TEMPERATURE_GPU),
+            temperature_slowdown_c=call("nvmlDeviceGetTemperatureThreshold", h, NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
+            temperature_shutdown_c=call("nvmlDeviceGetTemperatureThreshold", h, NVML_TEMPERATURE_THRESHOLD_SHUTDOWN),
             power_w=power / 1000 if power is not None else None,
             power_limit_w=limit / 1000 if limit is not None else None,
-            sm_clock_mhz=call(n.nvmlDeviceGetClockInfo, h, NVML_CLOCK_SM),
-            memory_clock_mhz=call(n.nvmlDeviceGetClockInfo, h, NVML_CLOCK_MEM),
-            max_sm_clock_mhz=call(n.nvmlDeviceGetMaxClockInfo, h, NVML_CLOCK_SM),
+            power_management_limit_w=mgmt / 1000 if mgmt is not None else None,
+            sm_clock_mhz=call("nvmlDeviceGetClockInfo", h, NVML_CLOCK_SM),
+            graphics_clock_mhz=call("nvmlDeviceGetClockInfo", h, NVML_CLOCK_GRAPHICS),
+            memory_clock_mhz=call("nvmlDeviceGetClockInfo", h, NVML_CLOCK_MEM),
+            max_sm_clock_mhz=call("nvmlDeviceGetMaxClockInfo", h, NVML_CLOCK_SM),
+            max_graphics_clock_mhz=call("nvmlDeviceGetMaxClockInfo", h, NVML_CLOCK_GRAPHICS),
+            max_memory_clock_mhz=call("nvmlDeviceGetMaxClockInfo", h, NVML_CLOCK_MEM),
             throttle_reasons=[v for b, v in THROTTLE_BITS.items() if reasons & b] if reasons is not None else [],
+            performance_state=pstate if pstate is not None and 0 <= pstate <= 15 else None,
             ecc_sbe_volatile=call(
-                n.nvmlDeviceGetTotalEccErrors, h, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC
+                "nvmlDeviceGetTotalEccErrors", h, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC
             ),
             ecc_dbe_volatile=call(
-                n.nvmlDeviceGetTotalEccErrors, h, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC
+                "nvmlDeviceGetTotalEccErrors", h, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC
             ),
+            ecc_sbe_aggregate=call(
+                "nvmlDeviceGetTotalEccErrors", h, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC
+            ),
+            ecc_dbe_aggregate=call(
+                "nvmlDeviceGetTotalEccErrors", h, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC
+            ),
+            retired_pages_sbe=len(rp_sbe) if rp_sbe is not None else None,
+            retired_pages_dbe=len(rp_dbe) if rp_dbe is not None else None,
+            retired_pages=len(rp_sbe) + len(rp_dbe) if rp_sbe is not None and rp_dbe is not None else None,
+            retired_pages_pending=bool(rp_pending) if rp_pending is not None else None,
+            remapped_rows_correctable=int(rows[0]) if rows is not None else None,
+            remapped_rows_uncorrectable=int(rows[1]) if rows is not None else None,
             remapped_rows_pending=bool(rows[2]) if rows is not None else None,
             remapped_rows_failure=bool(rows[3]) if rows is not None else None,
-            pcie_replay_count=call(n.nvmlDeviceGetPcieReplayCounter, h),
-            pcie_link_gen=call(n.nvmlDeviceGetCurrPcieLinkGeneration, h),
-            pcie_link_width=call(n.nvmlDeviceGetCurrPcieLinkWidth, h),
+            pcie_replay_count=call("nvmlDeviceGetPcieReplayCounter", h),
+            pcie_link_gen=call("nvmlDeviceGetCurrPcieLinkGeneration", h),
+            pcie_link_gen_max=call("nvmlDeviceGetMaxPcieLinkGeneration", h),
+            pcie_link_width=call("nvmlDeviceGetCurrPcieLinkWidth", h),
+            pcie_link_width_max=call("nvmlDeviceGetMaxPcieLinkWidth", h),
+            pcie_tx_kbps=float(tx) if tx is not None else None,
+            pcie_rx_kbps=float(rx) if rx is not None else None,
+            fan_speed_pct=float(fan) if fan is not None else None,
+            nvlinks=self._nvlink(i, h, call),
+            processes=[
+                {"pid": int(p.pid)}
+                | ({"used_memory_mib": p.usedGpuMemory / mib} if getattr(p, "usedGpuMemory", None) is not None else {})
+                for p in procs
+            ]
+            if procs is not None
+            else None,
+            mig_mode=mig_on,
+            mig_instances=mig_n,
             energy_j=energy / 1000 if energy is not None else None,
         )
+
+    def _nvlink(self, i: int, h: Any, call: Callable[..., Any]) -> list[dict[str, Any]] | None:
+        """Per-link state and error counters; links are probed once (first tick) and only the
+        ones that answered are read afterwards, so a GPU without NVLink costs one probe."""
+        links = self._nvlinks.get(i)
+        if links is None:
+            links = [k for k in range(NVML_NVLINK_MAX_LINKS) if call("nvmlDeviceGetNvLinkState", h, k) is not None]
+            self._nvlinks[i] = links
+        if not links:
+            return None
+        out = []
+        for k in links:
+            st = call("nvmlDeviceGetNvLinkState", h, k)
+            d: dict[str, Any] = {"link": k}
+            if st is not None:
+                d["active"] = bool(st == NVML_FEATURE_ENABLED)
+            for key, counter in _NVLINK_COUNTERS.items():
+                v = call("nvmlDeviceGetNvLinkErrorCounter", h, k, counter)
+                if v is not None:
+                    d[key] = int(v)
+            out.append(d)
+        return out
 
 
 # -- replay ------------------------------------------------------------------------------

@@ -1,0 +1,107 @@
+"""Outage buffering: bounded queue, drops counted, in-order replay, spool across restarts."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from gpuwarden.collector.outbox import Outbox
+from gpuwarden.shared.models import NodeSample
+
+
+class FlakyProducer:
+    """Fails while ``down`` is True, records what it sent otherwise."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.sent: list[tuple[str, str | None, BaseModel]] = []
+
+    async def publish(self, topic: str, key: str | None, value: BaseModel) -> None:
+        if self.down:
+            raise ConnectionError("broker unreachable")
+        self.sent.append((topic, key, value))
+
+
+def sample(i: int) -> NodeSample:
+    return NodeSample(node="n1", ts=float(i), collector_id="t", source="nvml")
+
+
+async def test_outage_buffers_and_replays_in_order() -> None:
+    p = FlakyProducer()
+    ob = Outbox(p.publish, max_messages=100)
+    assert await ob.submit("gpu.samples", "n1", sample(0))
+    p.down = True
+    for i in range(1, 6):
+        assert not await ob.submit("gpu.samples", "n1", sample(i))
+    assert len(ob.queue) == 5 and len(p.sent) == 1
+    p.down = False
+    assert await ob.submit("gpu.samples", "n1", sample(6)) is True
+    assert [v.ts for _, _, v in p.sent] == [0, 1, 2, 3, 4, 5, 6]  # type: ignore[attr-defined]
+    assert not ob.queue and ob.dropped == {}
+
+
+async def test_full_buffer_drops_oldest_counted_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    p = FlakyProducer()
+    drops: list[tuple[str, int]] = []
+    ob = Outbox(p.publish, max_messages=3, on_drop=lambda t, n: drops.append((t, n)))
+    p.down = True
+    with caplog.at_level(logging.WARNING):
+        for i in range(5):
+            await ob.submit("gpu.samples", "n1", sample(i))
+    assert ob.dropped == {"gpu.samples": 2} and drops == [("gpu.samples", 1)] * 2
+    assert "dropped the oldest" in caplog.text
+    p.down = False
+    await ob.flush()
+    assert [v.ts for _, _, v in p.sent] == [2, 3, 4]  # type: ignore[attr-defined]
+
+
+async def test_spool_survives_a_restart(tmp_path: Path) -> None:
+    spool = tmp_path / "outbox.jsonl"
+    p = FlakyProducer()
+    p.down = True
+    ob = Outbox(p.publish, max_messages=10, spool=spool)
+    for i in range(3):
+        await ob.submit("gpu.samples", "n1", sample(i))
+    assert len(spool.read_text().splitlines()) == 3
+    p.down = False
+    ob2 = Outbox(p.publish, max_messages=10, spool=spool)
+    assert len(ob2.queue) == 3
+    assert await ob2.flush() == 3
+    assert [v.ts for _, _, v in p.sent] == [0, 1, 2]  # type: ignore[attr-defined]
+    assert spool.read_text() == ""
+
+
+async def test_service_tick_buffers_when_broker_down() -> None:
+    from gpuwarden.collector.service import CollectorService
+    from gpuwarden.collector.settings import CollectorSettings
+
+    class OneSample:
+        name = "one"
+
+        async def collect(self) -> list[NodeSample]:
+            return [sample(1)]
+
+        async def events(self) -> list:  # type: ignore[type-arg]
+            return []
+
+        async def close(self) -> None:
+            return None
+
+    p = FlakyProducer()
+    settings = CollectorSettings(collector_source="nvml", collector_node="n1", collector_buffer_messages=1)
+    svc = CollectorService(settings, producer=p, source=OneSample())  # type: ignore[arg-type]
+    p.down = True
+    await svc.tick()
+    await svc.tick()
+    from prometheus_client import generate_latest
+
+    text = generate_latest(svc.metrics.registry).decode()
+    assert svc.outbox.dropped == {"gpu.samples": 1}
+    assert 'gpuwarden_collector_dropped_total{topic="gpu.samples"} 1.0' in text
+    assert "gpuwarden_collector_buffered 1.0" in text
+    p.down = False
+    await svc.tick()
+    assert len(p.sent) == 2 and not svc.outbox.queue
