@@ -149,7 +149,7 @@ async def test_remediator_and_watcher_on_real_slurm(slurm_cluster: list[str]) ->
         await watcher.poll_once()
         changed = [v for t, k, v in wprod.sent if t == "slurm.nodes"]
         assert [(n.node, n.drained, n.reason) for n in changed] == [
-            (target, True, f"gpuwarden: xid-79 gpu=3 failure={f.failure_id}")
+            (target, True, f"gpuwarden: gpu-fallen-off-bus gpu=3 failure={f.failure_id[:8]}")
         ]
     finally:
         await resume_node(client, target)

@@ -127,7 +127,7 @@ def test_sinfo_json_states_flags_reasons() -> None:
     assert plain["gpu-node-001"].gres == "gpu:8" and plain["gpu-node-001"].gres_used == "gpu:4"
     drained = {n.node: n for n in parse_sinfo_json((LOCAL / "sinfo-with-drained.json").read_text(), TS)}
     n2 = drained["gpu-node-002"]
-    assert n2.drained and n2.state == "MIXED" and n2.flags == ["DRAIN"]
+    assert n2.drained and n2.state == "MIXED" and n2.flags == ["DRAIN", "DRAINING"]
     assert n2.reason == "test drain: bad gpu" and n2.reason_user == "root" and n2.reason_ts == 1796023516
     assert drained["gpu-node-004"].reason is None and drained["gpu-node-004"].reason_ts is None
 

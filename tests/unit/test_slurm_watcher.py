@@ -8,6 +8,7 @@ from gpuwarden.shared.bus import MemoryPublisher
 from gpuwarden.shared.models import JobState, NodeState
 from gpuwarden.shared.slurm import FakeSlurm, SlurmError
 from gpuwarden.slurm_watcher import GONE_STATE, SlurmWatcher, SlurmWatcherSettings, diff_jobs, diff_nodes
+from gpuwarden.slurm_watcher.diff import resolve_ends
 
 
 def job(jid: str, state: str = "RUNNING", ts: float = 100.0, **kw: object) -> JobState:
@@ -70,10 +71,12 @@ async def test_poll_publishes_snapshot_then_only_changes(watcher: tuple[SlurmWat
     assert await w.poll_once() == 0
     await fake.update_node("gpu-node-002", "DRAIN", "gpuwarden: r gpu=0 failure=f")
     fake.jobs_list = []
+    fake.accounting_map["1"] = job("1", "COMPLETED", end_ts=99.0, exit_code=0, confirmed=True)
     assert await w.poll_once() == 2
     (gone,) = prod.of("slurm.jobs")
     (drained,) = prod.of("slurm.nodes")
-    assert gone.state == GONE_STATE and not gone.snapshot
+    assert (gone.state, gone.confirmed, gone.end_ts, gone.gpus) == ("COMPLETED", True, 99.0, {"gpu-node-001": [0, 1]})
+    assert not gone.snapshot and fake.accounting_calls == [["1"]]
     assert drained.node == "gpu-node-002" and drained.drained and drained.reason.startswith("gpuwarden:")
     prod.sent.clear()
     assert await w.poll_once(force_snapshot=True) == 2  # snapshot: every node, no jobs left
@@ -88,3 +91,125 @@ async def test_poll_survives_slurm_errors(watcher: tuple[SlurmWatcher, FakeSlurm
     fake.raise_on_read = None
     assert await w.poll_once() == 3  # the snapshot is retried after a failed one
     assert w.health()["polls"] == 2
+
+
+async def test_vanished_job_is_not_ended_while_accounting_is_down(
+    watcher: tuple[SlurmWatcher, FakeSlurm, MemProducer],
+) -> None:
+    w, fake, prod = watcher
+    w.settings.slurm_watcher_gone_grace_polls = 3
+    await w.poll_once()
+    prod.sent.clear()
+    fake.jobs_list = []  # squeue answers, but without the job (e.g. a slurmctld restart lost it)
+    fake.accounting_error = SlurmError("sacct --json failed (exit 1): slurmdbd unreachable")
+    assert await w.poll_once() == 0 and await w.poll_once() == 0
+    assert w.status == "degraded" and w.health()["jobs"] == 1  # last good state kept
+    assert await w.poll_once() == 1  # grace over: ENDED, explicitly unconfirmed
+    (gone,) = prod.of("slurm.jobs")
+    assert (gone.state, gone.confirmed, gone.gpus) == (GONE_STATE, False, {"gpu-node-001": [0, 1]})
+    assert w.health()["jobs"] == 0
+
+
+async def test_vanished_job_that_sacct_still_runs_is_kept(watcher: tuple[SlurmWatcher, FakeSlurm, MemProducer]) -> None:
+    w, fake, prod = watcher
+    await w.poll_once()
+    prod.sent.clear()
+    fake.jobs_list = []
+    fake.accounting_map["1"] = job("1", "RUNNING")
+    assert await w.poll_once() == 0 and w.health()["jobs"] == 1
+    fake.accounting_map["1"] = job("1", "FAILED", exit_code=3, end_ts=101.0, confirmed=True)
+    assert await w.poll_once() == 1
+    (j,) = prod.of("slurm.jobs")
+    assert (j.state, j.exit_code, j.confirmed, j.end_ts) == ("FAILED", 3, True, 101.0)
+
+
+async def test_squeue_end_state_confirmed_by_sacct(watcher: tuple[SlurmWatcher, FakeSlurm, MemProducer]) -> None:
+    w, fake, prod = watcher
+    await w.poll_once()
+    prod.sent.clear()
+    fake.jobs_list = [job("1", "FAILED", exit_code=3, end_ts=105.0)]
+    fake.accounting_map["1"] = job("1", "FAILED", exit_code=None, end_ts=104.0, confirmed=True)
+    assert await w.poll_once() == 1
+    (j,) = prod.of("slurm.jobs")
+    # sacct's end time, squeue's exit code where 22.05's sacct JSON has none, squeue's GPUs
+    assert (j.state, j.exit_code, j.end_ts, j.confirmed, j.gpus) == (
+        "FAILED",
+        3,
+        104.0,
+        True,
+        {"gpu-node-001": [0, 1]},
+    )
+    assert await w.poll_once() == 0  # no flapping between the squeue and the sacct view
+
+
+async def test_backoff_and_status(watcher: tuple[SlurmWatcher, FakeSlurm, MemProducer]) -> None:
+    w, fake, _ = watcher
+    w.settings.slurm_watcher_max_backoff_s = 10.0
+    await w.poll_once()
+    assert (w.status, w.next_period(2.0)) == ("ok", 2.0)
+    fake.raise_on_read = SlurmError("squeue --json failed (exit 1): Unable to contact slurm controller")
+    await w.poll_once()
+    assert (w.status, w.next_period(2.0)) == ("unreachable", 4.0)
+    await w.poll_once()
+    await w.poll_once()
+    assert w.next_period(2.0) == 10.0 and w.health()["slurm_status"] == "unreachable"
+    assert w.health()["jobs"] == 1  # nothing forgotten, nothing published as ended
+    fake.raise_on_read = None
+    await w.poll_once()
+    assert (w.status, w.next_period(2.0)) == ("ok", 2.0)
+
+
+def test_resolve_ends_without_record_waits_then_ends_unconfirmed() -> None:
+    prev = {"7": job("7")}
+    changed, seen = diff_jobs(prev, [], 200.0)
+    misses: dict[str, int] = {}
+    out, seen2 = resolve_ends(changed, seen, prev, {}, misses, 2, 200.0)
+    assert out == [] and seen2 == prev and misses == {"7": 1}
+    changed, seen = diff_jobs(seen2, [], 202.0)
+    out, seen3 = resolve_ends(changed, seen, seen2, {}, misses, 2, 202.0)
+    assert [(j.state, j.confirmed, j.end_ts) for j in out] == [(GONE_STATE, False, 202.0)]
+    assert seen3 == {} and misses == {}
+
+
+def test_resolve_ends_holds_squeue_end_until_sacct_has_it() -> None:
+    prev = {"7": job("7")}
+    changed, seen = diff_jobs(prev, [job("7", "COMPLETED", exit_code=0)], 200.0)
+    misses: dict[str, int] = {}
+    out, seen2 = resolve_ends(changed, seen, prev, {"7": job("7", "RUNNING")}, misses, 3, 200.0)
+    assert out == [] and seen2["7"].state == "RUNNING"
+    changed, seen = diff_jobs(seen2, [job("7", "COMPLETED", exit_code=0)], 202.0)
+    acct = {"7": job("7", "COMPLETED", exit_code=0, end_ts=201.0, confirmed=True)}
+    out, seen3 = resolve_ends(changed, seen, seen2, acct, misses, 3, 202.0)
+    assert [(j.state, j.confirmed, j.end_ts) for j in out] == [("COMPLETED", True, 201.0)]
+    assert seen3["7"].state == "COMPLETED" and misses == {}
+
+
+def test_carry_gpus_through_the_end() -> None:
+    from gpuwarden.slurm_watcher.diff import carry_gpus
+
+    prev = {"1": job("1")}
+    done = JobState(job_id="1", ts=110.0, state="COMPLETING", nodes=["gpu-node-001"])
+    pend = JobState(job_id="2", ts=110.0, state="PENDING")
+    (c, p) = carry_gpus(prev, [done, pend])
+    assert c.gpus == {"gpu-node-001": [0, 1]} and p.gpus == {}
+    (c2,) = carry_gpus({"1": c}, [done.model_copy(update={"state": "COMPLETED"})])
+    assert c2.gpus == {"gpu-node-001": [0, 1]}
+
+
+async def test_single_publisher_lease_failover() -> None:
+    from gpuwarden.slurm_watcher.lease import MemoryLease, MemoryLeaseBoard
+
+    board = MemoryLeaseBoard()
+    fake = FakeSlurm(nodes=[node("gpu-node-001")], jobs=[job("1")])
+    s = SlurmWatcherSettings(slurm_watcher_snapshot_s=3600)
+    pa, pb = MemProducer(), MemProducer()
+    a = SlurmWatcher(s, client=fake, producer=pa, now=lambda: 100.0, lease=MemoryLease(board))  # type: ignore[arg-type]
+    b = SlurmWatcher(s, client=fake, producer=pb, now=lambda: 100.0, lease=MemoryLease(board))  # type: ignore[arg-type]
+    await a.lease.start()
+    await b.lease.start()
+    assert await a.poll_once() == 2 and await b.poll_once() == 0
+    assert b.status == "standby" and pb.sent == []
+    await a.lease.stop()  # holder gone: b takes over with a full snapshot
+    fake.jobs_list = [job("1"), job("2")]
+    assert await b.poll_once() == 3 and all(v.snapshot for _, _, v in pb.sent)
+    assert await a.poll_once() == 0 and a.status == "standby"

@@ -1,7 +1,6 @@
-from gpuwarden.shared.service import run_service
+"""``python -m gpuwarden.slurm_watcher [--help]``: the same command as ``gpuwarden slurm-watcher``."""
 
-from .service import SlurmWatcher, SlurmWatcherSettings
+from .cli import app
 
 if __name__ == "__main__":
-    _s = SlurmWatcherSettings()
-    raise SystemExit(run_service(lambda: SlurmWatcher(_s), _s.log_level))
+    app(prog_name="python -m gpuwarden.slurm_watcher")

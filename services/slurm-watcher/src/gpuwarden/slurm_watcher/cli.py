@@ -22,8 +22,7 @@ def run(ctx: typer.Context) -> None:
 
     from .service import SlurmWatcher, SlurmWatcherSettings
 
-    s = SlurmWatcherSettings()
-    raise typer.Exit(run_service(lambda: SlurmWatcher(s), s.log_level))
+    raise typer.Exit(run_service(lambda: SlurmWatcher(SlurmWatcherSettings())))
 
 
 @app.command("once")
@@ -40,6 +39,9 @@ def once() -> None:
             typer.echo(j.model_dump_json())
         for n in await client.nodes():
             typer.echo(n.model_dump_json())
+        close = getattr(client, "close", None)
+        if close is not None:
+            await close()
 
     try:
         asyncio.run(go())

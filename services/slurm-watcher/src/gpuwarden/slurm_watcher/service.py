@@ -9,15 +9,25 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from prometheus_client import Gauge
 from pydantic import Field
 
 from gpuwarden.shared.bus import Producer
 from gpuwarden.shared.models import JobState, NodeState
 from gpuwarden.shared.service import Service
 from gpuwarden.shared.settings import ServiceSettings
-from gpuwarden.shared.slurm import DEFAULT_SIM_STATE_FILE, SlurmClient, SlurmError, build_client
+from gpuwarden.shared.slurm import (
+    DEFAULT_SIM_STATE_FILE,
+    TERMINAL_JOB_STATES,
+    SlurmAccounting,
+    SlurmClient,
+    SlurmError,
+    build_client,
+)
+from gpuwarden.shared.slurm.factory import DEFAULT_REST_URL
 
-from .diff import diff_jobs, diff_nodes
+from .diff import carry_gpus, diff_jobs, diff_nodes, resolve_ends
+from .lease import KafkaGroupLease, Lease, NoLease
 
 __all__ = ["SlurmWatcher", "SlurmWatcherSettings", "make_client"]
 
@@ -27,9 +37,17 @@ log = logging.getLogger(__name__)
 class SlurmWatcherSettings(ServiceSettings):
     """Settings of the slurm-watcher (``GPUWARDEN_SLURM_WATCHER_*`` plus the common ones)."""
 
-    slurm_watcher_backend: Literal["cli", "simulated"] = Field(
-        "cli", description="cli = squeue/sinfo/scontrol of Slurm 22.05; simulated = scenario state machine"
+    slurm_watcher_backend: Literal["cli", "simulated", "rest"] = Field(
+        "cli",
+        description="cli = squeue/sinfo/sacct/scontrol of Slurm 22.05; rest = slurmrestd; "
+        "simulated = scenario state machine",
     )
+    slurm_watcher_rest_url: str = Field(
+        DEFAULT_REST_URL, description="slurmrestd: unix:/path/to/socket or http://host:port (backend=rest)"
+    )
+    slurm_watcher_rest_token: str | None = Field(None, description="X-SLURM-USER-TOKEN (auth/jwt), none = no header")
+    slurm_watcher_rest_user: str | None = Field(None, description="X-SLURM-USER-NAME sent with the token")
+    slurm_watcher_rest_version: str = Field("v0.0.38", description="slurmrestd OpenAPI version of the paths")
     slurm_watcher_poll_s: float = Field(2.0, gt=0, description="Poll period, s")
     slurm_watcher_snapshot_s: float = Field(60.0, gt=0, description="Full snapshot period (wall clock), s")
     slurm_watcher_scenario: Path | None = Field(None, description="Scenario YAML (backend=simulated)")
@@ -38,6 +56,21 @@ class SlurmWatcherSettings(ServiceSettings):
     )
     slurm_watcher_command_timeout_s: float = Field(10.0, gt=0, description="Timeout of one Slurm command, s")
     slurm_watcher_command_retries: int = Field(2, ge=0, description="Retries of a failed Slurm read")
+    slurm_watcher_lease: Literal["auto", "kafka", "none"] = Field(
+        "auto",
+        description="Single publisher per cluster: kafka = consumer-group lease; none = not enforced; "
+        "auto = kafka for the cli/rest backends, none for simulated",
+    )
+    slurm_watcher_cluster: str = Field("default", description="Cluster name (one lease, one publisher per cluster)")
+    slurm_watcher_lease_session_ms: int = Field(
+        10_000, ge=1000, description="How long a dead lease holder keeps the lease (Kafka session timeout), ms"
+    )
+    slurm_watcher_max_backoff_s: float = Field(
+        60.0, gt=0, description="Longest poll period while Slurm is unreachable (doubles per failed poll), s"
+    )
+    slurm_watcher_gone_grace_polls: int = Field(
+        5, ge=1, description="Polls a vanished job waits for sacct to confirm its end before ENDED is published"
+    )
 
 
 def make_client(s: SlurmWatcherSettings) -> tuple[SlurmClient, Callable[[], float]]:
@@ -48,6 +81,10 @@ def make_client(s: SlurmWatcherSettings) -> tuple[SlurmClient, Callable[[], floa
         state_file=s.slurm_watcher_state_file,
         timeout_s=s.slurm_watcher_command_timeout_s,
         retries=s.slurm_watcher_command_retries,
+        rest_url=s.slurm_watcher_rest_url,
+        rest_token=s.slurm_watcher_rest_token,
+        rest_user=s.slurm_watcher_rest_user,
+        rest_version=s.slurm_watcher_rest_version,
     )
 
 
@@ -62,6 +99,15 @@ class SlurmWatcher(Service):
         client: Slurm client (default: from settings); tests pass a fake.
         producer: bus producer (default: Kafka from settings).
         now: clock of observations, epoch s (default: the client's).
+        accounting: where end states are confirmed (default: the client when it has
+            ``accounting()``, e.g. :class:`CliSlurm`; ``None`` = no confirmation).
+
+    Robustness: a failed ``jobs()`` keeps the last good job table (nothing is published as
+    ended); a job that leaves squeue is published ended only once sacct confirms it, or after
+    ``gone_grace_polls`` polls as ``ENDED`` with ``confirmed=False``. After a failed poll the
+    period doubles up to ``max_backoff_s``. The watcher's own status (``ok``, ``degraded``:
+    one of jobs/nodes/accounting failing, ``unreachable``: jobs and nodes failing) is in
+    ``/healthz`` and the gauge ``gpuwarden_slurm_watcher_status`` (1 ok, 0.5 degraded, 0 unreachable).
     """
 
     name = "slurm-watcher"
@@ -72,6 +118,8 @@ class SlurmWatcher(Service):
         client: SlurmClient | None = None,
         producer: Producer | None = None,
         now: Callable[[], float] | None = None,
+        accounting: SlurmAccounting | None = None,
+        lease: Lease | None = None,
     ) -> None:
         super().__init__(settings, producer)
         self.settings: SlurmWatcherSettings = settings
@@ -79,7 +127,20 @@ class SlurmWatcher(Service):
             client, default_now = make_client(settings)
             now = now or default_now
         self.client = client
+        self.accounting: SlurmAccounting | None = accounting or (
+            client if callable(getattr(client, "accounting", None)) else None  # type: ignore[assignment]
+        )
         self.now = now or time.time
+        self._misses: dict[str, int] = {}
+        self.lease: Lease = lease or self._default_lease(settings, producer is None)
+        self._held_before = False
+        self.failed_polls = 0
+        self.status = "starting"
+        self._status_gauge = Gauge(
+            "gpuwarden_slurm_watcher_status",
+            "1 = Slurm polled fine, 0.5 = degraded (a read failing), 0 = unreachable",
+            registry=self.metrics.registry,
+        )
         self._jobs: dict[str, JobState] = {}
         self._nodes: dict[str, NodeState] = {}
         self._last_snapshot: float | None = None
@@ -87,18 +148,60 @@ class SlurmWatcher(Service):
         self.last_poll_ts: float | None = None
         self.last_error: str | None = None
 
+    @staticmethod
+    def _default_lease(s: SlurmWatcherSettings, real_bus: bool) -> Lease:
+        """The lease of the settings; with an injected producer (tests) none unless passed."""
+        kind = s.slurm_watcher_lease
+        if kind == "auto":
+            kind = "none" if s.slurm_watcher_backend == "simulated" else "kafka"
+        if kind == "kafka" and real_bus:
+            return KafkaGroupLease(
+                s.bootstrap_servers, s.topic_prefix, s.slurm_watcher_cluster, s.slurm_watcher_lease_session_ms
+            )
+        return NoLease()
+
     async def on_start(self) -> None:
+        await self.lease.start()
         self.spawn(self._loop(), "poll")
+
+    async def on_stop(self) -> None:
+        await self.lease.stop()
+        close = getattr(self.client, "close", None)  # RestSlurm: its HTTP session
+        if close is not None:
+            await close()
 
     async def _loop(self) -> None:
         period = self.settings.slurm_watcher_poll_s
         while True:
             t0 = time.monotonic()
+            if not self.lease.held:
+                self.status = "standby"  # another watcher of this cluster publishes
+                self._held_before = False
+                await asyncio.sleep(min(period, 1.0))
+                continue
             await self.poll_once()
-            await asyncio.sleep(max(0.0, period - (time.monotonic() - t0)))
+            wait = self.next_period(period)
+            await asyncio.sleep(max(0.0, wait - (time.monotonic() - t0)))
+
+    def next_period(self, period: float) -> float:
+        """The poll period after this poll: ``period``, doubled per consecutive failed poll, at
+        most ``max_backoff_s`` (s)."""
+        if self.failed_polls <= 0:
+            return period
+        return min(self.settings.slurm_watcher_max_backoff_s, period * 2 ** min(self.failed_polls, 30))
 
     async def poll_once(self, force_snapshot: bool = False) -> int:
-        """Poll once and publish; returns the number of messages published."""
+        """Poll once and publish; returns the number of messages published (0 without the lease).
+        The first poll after the lease is (re)acquired is a full snapshot from an empty table."""
+        if not self.lease.held:
+            self.status = "standby"
+            self._held_before = False
+            return 0
+        if not self._held_before:
+            self._held_before = True
+            if self.polls:  # taking over: rebuild from scratch, publish everything
+                self._jobs, self._nodes, self._misses = {}, {}, {}
+                force_snapshot = True
         mono = time.monotonic()
         snapshot = (
             force_snapshot
@@ -109,10 +212,26 @@ class SlurmWatcher(Service):
         jobs_r, nodes_r = await asyncio.gather(self.client.jobs(), self.client.nodes(), return_exceptions=True)
         sent = 0
         ok = True
+        failures = 0
         if isinstance(jobs_r, BaseException):
             ok = self._failed("jobs", jobs_r)
+            failures += 2
         else:
-            changed, self._jobs = diff_jobs(self._jobs, jobs_r, now)
+            changed, seen = diff_jobs(self._jobs, carry_gpus(self._jobs, jobs_r), now)
+            acct: dict[str, Any] | None = {}
+            ends = [j.job_id for j in changed if j.state in TERMINAL_JOB_STATES]
+            if self.accounting is not None and ends:
+                try:
+                    acct = {a.job_id: a for a in await self.accounting.accounting(ends)}
+                except (SlurmError, ValueError, OSError) as exc:
+                    self._failed("accounting", exc)
+                    acct = None
+                    failures += 1
+            if self.accounting is not None:
+                changed, seen = resolve_ends(
+                    changed, seen, self._jobs, acct, self._misses, self.settings.slurm_watcher_gone_grace_polls, now
+                )
+            self._jobs = seen
             out = (
                 changed
                 if not snapshot
@@ -126,6 +245,7 @@ class SlurmWatcher(Service):
             sent += len(out)
         if isinstance(nodes_r, BaseException):
             ok = self._failed("nodes", nodes_r)
+            failures += 2
         else:
             changed_n, self._nodes = diff_nodes(self._nodes, nodes_r)
             out_n = (
@@ -138,6 +258,9 @@ class SlurmWatcher(Service):
             self._last_snapshot = mono
         self.polls += 1
         self.last_poll_ts = now
+        self.failed_polls = self.failed_polls + 1 if failures else 0
+        self.status = "ok" if not failures else ("unreachable" if failures >= 4 else "degraded")
+        self._status_gauge.set({"ok": 1.0, "degraded": 0.5}.get(self.status, 0.0))
         return sent
 
     def _failed(self, what: str, exc: BaseException) -> bool:
@@ -152,6 +275,9 @@ class SlurmWatcher(Service):
         h = super().health()
         h.update(
             polls=self.polls,
+            slurm_status=self.status,
+            lease_held=self.lease.held,
+            failed_polls=self.failed_polls,
             last_poll_ts=self.last_poll_ts,
             last_error=self.last_error,
             jobs=len(self._jobs),

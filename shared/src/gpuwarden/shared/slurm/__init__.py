@@ -2,6 +2,7 @@
 
 * :class:`SlurmClient` — the narrow protocol (``jobs``, ``nodes``, ``node``, ``update_node``);
 * :class:`CliSlurm` — Slurm 22.05 commands (``squeue``/``sinfo --json``, ``scontrol``);
+* :class:`RestSlurm` — slurmrestd (aiohttp, unix socket or TCP, versioned paths);
 * :class:`SimulatedSlurm` — the scheduler state machine of a scenario (simulation, demo);
 * :class:`FakeSlurm` — in-memory, for tests;
 * ``parse_*`` — pure parsers of recorded command output.
@@ -12,6 +13,7 @@ from .client import (
     CliSlurm,
     CommandResult,
     CommandRunner,
+    SlurmAccounting,
     SlurmClient,
     SlurmError,
     SubprocessRunner,
@@ -22,15 +24,19 @@ from .factory import DEFAULT_SIM_STATE_FILE, build_client
 from .names import NODE_NAME_RE, expand_nodes, validate_node_name
 from .parse import (
     TERMINAL_JOB_STATES,
+    api_version,
     parse_gres_idx,
     parse_idx_list,
+    parse_sacct_json,
     parse_scontrol_job_gpus,
+    parse_scontrol_jobs,
     parse_scontrol_nodes,
     parse_sinfo_json,
     parse_sinfo_reasons,
     parse_slurm_time,
     parse_squeue_json,
 )
+from .rest import AiohttpTransport, HttpTransport, RestSlurm
 from .simulated import JOB_RETENTION_S, FakeSlurm, SimulatedSlurm
 
 __all__ = [
@@ -39,21 +45,28 @@ __all__ = [
     "MAX_REASON_LEN",
     "NODE_NAME_RE",
     "TERMINAL_JOB_STATES",
+    "AiohttpTransport",
     "CliSlurm",
     "CommandResult",
     "CommandRunner",
     "FakeSlurm",
+    "HttpTransport",
+    "RestSlurm",
     "SimulatedSlurm",
+    "SlurmAccounting",
     "SlurmClient",
     "SlurmError",
     "SubprocessRunner",
+    "api_version",
     "build_client",
     "check_reason",
     "drain_argv",
     "expand_nodes",
     "parse_gres_idx",
     "parse_idx_list",
+    "parse_sacct_json",
     "parse_scontrol_job_gpus",
+    "parse_scontrol_jobs",
     "parse_scontrol_nodes",
     "parse_sinfo_json",
     "parse_sinfo_reasons",

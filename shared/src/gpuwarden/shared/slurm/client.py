@@ -18,13 +18,20 @@ from typing import Literal, Protocol
 
 from ..models import JobState, NodeState
 from .names import validate_node_name
-from .parse import parse_scontrol_job_gpus, parse_scontrol_nodes, parse_sinfo_json, parse_squeue_json
+from .parse import (
+    parse_sacct_json,
+    parse_scontrol_job_gpus,
+    parse_scontrol_nodes,
+    parse_sinfo_json,
+    parse_squeue_json,
+)
 
 __all__ = [
     "MAX_REASON_LEN",
     "CliSlurm",
     "CommandResult",
     "CommandRunner",
+    "SlurmAccounting",
     "SlurmClient",
     "SlurmError",
     "SubprocessRunner",
@@ -130,6 +137,20 @@ class SlurmClient(Protocol):
         (non-zero exit code on refusal or timeout); raises ``ValueError`` for a bad name or
         a DRAIN without a valid reason."""
         ...
+
+
+class SlurmAccounting(Protocol):
+    """Slurm accounting (``sacct``): how jobs ended. Optional next to :class:`SlurmClient`;
+    the slurm-watcher confirms end states with it when the client has it."""
+
+    async def accounting(self, job_ids: Sequence[str]) -> list[JobState]:
+        """Accounting records of these jobs (``confirmed=True`` for end states; ``gpus`` empty;
+        unknown ids are absent). Raises :class:`SlurmError` (accounting unreachable) or
+        ``ValueError`` (unexpected output)."""
+        ...
+
+
+_JOB_ID_RE = re.compile(r"\d+(?:_\d+)?(?:\+\d+)?")
 
 
 def check_reason(reason: str | None) -> str:
@@ -244,6 +265,22 @@ class CliSlurm:
         ts = self.now()
         res = await self._read([f"{self.bin}sinfo", "--json"])
         return parse_sinfo_json(res.stdout, ts)
+
+    async def accounting(self, job_ids: Sequence[str]) -> list[JobState]:
+        """``sacct --json -X -j ID,...`` (allocations only), parsed by ``parse_sacct_json``.
+
+        Raises:
+            ValueError: an id is not ``123``, ``123_4`` or ``123+1``.
+            SlurmError: sacct failed (slurmdbd unreachable...).
+        """
+        if not job_ids:
+            return []
+        for j in job_ids:
+            if not _JOB_ID_RE.fullmatch(j):
+                raise ValueError(f"invalid job id {j!r}")
+        ts = self.now()
+        res = await self._read([f"{self.bin}sacct", "--json", "-X", "-j", ",".join(job_ids)])
+        return parse_sacct_json(res.stdout, ts)
 
     async def node(self, name: str) -> NodeState | None:
         validate_node_name(name)

@@ -10,22 +10,31 @@ from typing import Literal
 
 from .client import CliSlurm, SlurmClient
 
-__all__ = ["DEFAULT_SIM_STATE_FILE", "build_client"]
+__all__ = ["DEFAULT_REST_URL", "DEFAULT_SIM_STATE_FILE", "build_client"]
 
 DEFAULT_SIM_STATE_FILE = Path(tempfile.gettempdir()) / "gpuwarden-sim-slurm.json"
 
 
+DEFAULT_REST_URL = "unix:/run/gpuwarden-slurm/rest/slurmrestd.sock"
+
+
 def build_client(
-    backend: Literal["cli", "simulated"],
+    backend: Literal["cli", "simulated", "rest"],
     *,
     scenario: Path | str | None = None,
     state_file: Path | str | None = None,
     timeout_s: float = 10.0,
     retries: int = 2,
+    rest_url: str = DEFAULT_REST_URL,
+    rest_token: str | None = None,
+    rest_user: str | None = None,
+    rest_version: str = "v0.0.38",
 ) -> tuple[SlurmClient, Callable[[], float]]:
     """A Slurm client and the clock of its observations (event time, epoch s).
 
-    ``cli``: :class:`CliSlurm` with wall-clock time. ``simulated``: :class:`SimulatedSlurm`
+    ``cli``: :class:`CliSlurm` with wall-clock time. ``rest``: :class:`RestSlurm` on
+    slurmrestd at ``rest_url`` (``unix:/path`` or ``http://host:port``; token header if
+    ``rest_token``; paths of ``rest_version``), wall-clock time. ``simulated``: :class:`SimulatedSlurm`
     of ``scenario`` (YAML path) on ``ScenarioClock.from_env()`` (``GPUWARDEN_SIM_START``,
     ``GPUWARDEN_SIM_SPEED``), drain state in ``state_file`` (default
     :data:`DEFAULT_SIM_STATE_FILE`).
@@ -37,6 +46,12 @@ def build_client(
     if backend == "cli":
         c = CliSlurm(timeout_s=timeout_s, retries=retries)
         return c, c.now
+    if backend == "rest":
+        from .rest import AiohttpTransport, RestSlurm
+
+        transport = AiohttpTransport(rest_url, token=rest_token, user=rest_user, timeout_s=timeout_s)
+        r = RestSlurm(transport, version=rest_version, retries=retries)
+        return r, r.now
     if backend == "simulated":
         from ..scenario import ScenarioClock, load_scenario
         from .simulated import SimulatedSlurm
@@ -46,4 +61,4 @@ def build_client(
         clock = ScenarioClock.from_env()
         sim = SimulatedSlurm(load_scenario(scenario), clock, Path(state_file or DEFAULT_SIM_STATE_FILE))
         return sim, lambda: clock.event_ts(clock.scenario_s(time.time()))
-    raise ValueError(f"unknown Slurm backend {backend!r}: cli or simulated")
+    raise ValueError(f"unknown Slurm backend {backend!r}: cli, rest or simulated")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 import hostlist
@@ -29,6 +30,8 @@ def validate_node_name(name: str) -> str:
 def expand_nodes(expr: str | None) -> list[str]:
     """Expand a Slurm hostlist (``gpu-node-[001-002,004],other-[1-2]``) into node names.
 
+    Order and duplicates are kept as ``scontrol show hostnames`` prints them
+    (``b-[3,1,1]`` -> ``b-3, b-1, b-1``); zero padding is kept (``[009-011]`` -> ``009``...).
     Empty, ``None``, ``(null)`` and ``None assigned`` give ``[]``.
 
     Raises:
@@ -36,7 +39,14 @@ def expand_nodes(expr: str | None) -> list[str]:
     """
     if not expr or expr in ("(null)", "None assigned", "N/A"):
         return []
+    return list(_expand_cached(expr))
+
+
+@functools.lru_cache(maxsize=8192)
+def _expand_cached(expr: str) -> tuple[str, ...]:
+    if "[" not in expr and "," not in expr:
+        return (expr,)
     try:
-        return list(hostlist.expand_hostlist(expr))
+        return tuple(hostlist.expand_hostlist(expr, allow_duplicates=True))
     except hostlist.BadHostlist as exc:
         raise ValueError(f"bad hostlist {expr!r}: {exc}") from exc

@@ -9,6 +9,7 @@ observation time ``ts`` (epoch s, event time).
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from datetime import datetime
@@ -22,9 +23,12 @@ from .names import expand_nodes
 __all__ = [
     "KNOWN_OPENAPI_VERSIONS",
     "TERMINAL_JOB_STATES",
+    "api_version",
     "parse_gres_idx",
     "parse_idx_list",
+    "parse_sacct_json",
     "parse_scontrol_job_gpus",
+    "parse_scontrol_jobs",
     "parse_scontrol_nodes",
     "parse_sinfo_json",
     "parse_sinfo_reasons",
@@ -85,10 +89,17 @@ def parse_gres_idx(gres: str) -> list[int]:
     several ``gpu`` entries (typed GPUs) are merged; other GRES (``mps:...``) are ignored;
     no ``IDX`` -> ``[]``.
     """
+    return list(_gres_idx_cached(gres))
+
+
+@functools.lru_cache(maxsize=4096)
+def _gres_idx_cached(gres: str) -> tuple[int, ...]:
+    if "IDX" not in gres:
+        return ()
     out: set[int] = set()
     for m in _IDX_RE.finditer(gres):
         out.update(parse_idx_list(m.group(1)))
-    return sorted(out)
+    return tuple(sorted(out))
 
 
 def parse_slurm_time(text: str | None) -> float | None:
@@ -115,14 +126,49 @@ def _num(v: Any) -> float | None:
     return float(v)
 
 
-def _version(doc: dict[str, Any]) -> str:
-    plugin = (doc.get("meta") or {}).get("plugin") or {}
+def api_version(doc: dict[str, Any]) -> str | None:
+    """The OpenAPI version of a Slurm JSON document (``squeue/sinfo/sacct --json`` or slurmrestd).
+
+    Reads ``meta.plugin.data_parser`` (v0.0.40+: ``"data_parser/v0.0.42"``) or
+    ``meta.plugin.type`` (v0.0.38/39: ``"openapi/v0.0.38"``, ``"openapi/dbv0.0.38"``).
+    Returns ``"v0.0.38"`` ... ``"v0.0.42"`` (or whatever version the document names), ``None``
+    when the document has no ``meta.plugin``. An unknown version is logged once; the parsers
+    then read it like the nearest known shape (objects for numbers, lists for states are
+    accepted whatever the version says).
+    """
+    meta = doc.get("meta") if isinstance(doc.get("meta"), dict) else {}
+    plugin = (meta or {}).get("plugin") or {}
+    if not isinstance(plugin, dict):
+        return None
     ptype = str(plugin.get("data_parser") or plugin.get("type") or "")
+    if not ptype:
+        return None
     ver = ptype.rsplit("/", 1)[-1].replace("dbv", "v")
-    if ver and ver not in KNOWN_OPENAPI_VERSIONS and ver not in _warned:
+    if ver not in KNOWN_OPENAPI_VERSIONS and ver not in _warned:
         _warned.add(ver)
-        log.warning("unknown Slurm OpenAPI version %r; parsing it as v0.0.38", ptype)
+        log.warning("unknown Slurm OpenAPI version %r (%s); parsing it with the known shapes", ptype, _release(doc))
     return ver
+
+
+def _release(doc: dict[str, Any]) -> str:
+    """``"Slurm 22.05.8"`` from ``meta.Slurm.release`` / ``meta.slurm.release``, or ``"Slurm ?"``."""
+    meta = doc.get("meta") or {}
+    sl = meta.get("Slurm") or meta.get("slurm") or {}
+    rel = sl.get("release") if isinstance(sl, dict) else None
+    return f"Slurm {rel or '?'}"
+
+
+def _version(doc: dict[str, Any]) -> str:
+    return api_version(doc) or ""
+
+
+def _errors(doc: dict[str, Any], what: str) -> None:
+    """A slurmrestd / ``--json`` document that carries ``errors`` and no data -> ``ValueError``."""
+    errs = doc.get("errors") or []
+    if errs and isinstance(errs, list):
+        first = errs[0] if isinstance(errs[0], dict) else {"error": str(errs[0])}
+        msg = first.get("description") or first.get("error") or str(first)
+        raise ValueError(f"{what} ({api_version(doc) or 'unknown API'}, {_release(doc)}): Slurm error: {msg}")
 
 
 def _load(text: str | bytes, what: str) -> dict[str, Any]:
@@ -153,7 +199,11 @@ def _job_state(v: Any) -> str:
 def _exit_code(v: Any) -> int | None:
     """v0.0.38 gives the raw wait status (``3:0`` -> 768, SIGTERM -> 15): exit code
     ``status >> 8``, or ``128 + signal`` when a signal ended the job (shell convention)."""
-    if isinstance(v, dict):  # v0.0.39+: {"status": [...], "return_code": {...}, "signal": {...}}
+    if isinstance(v, dict):  # sacct v0.0.38, v0.0.39+: {"status", "return_code", "signal": {"id"}}
+        sig = v.get("signal") if isinstance(v.get("signal"), dict) else {}
+        sig_id = _num((sig or {}).get("id"))
+        if sig_id:
+            return 128 + int(sig_id)
         return None if (rc := _num(v.get("return_code"))) is None else int(rc)
     n = _num(v)
     if n is None:
@@ -170,7 +220,11 @@ def _job_gpus(job: dict[str, Any], nodes: list[str]) -> dict[str, list[int]] | N
     if not detail:
         return {}
     res = job.get("job_resources") or {}
-    alloc = [n.get("nodename") for n in res.get("allocated_nodes") or [] if isinstance(n, dict)]
+    rnodes = res.get("nodes")
+    if isinstance(rnodes, dict):  # v0.0.41+: {"count", "list", "allocation": [{"name"...}]}
+        alloc = [n.get("name") for n in rnodes.get("allocation") or [] if isinstance(n, dict)]
+    else:  # v0.0.38-40: "allocated_nodes": [{"nodename"...}]
+        alloc = [n.get("nodename") for n in res.get("allocated_nodes") or [] if isinstance(n, dict)]
     order: list[str] = [str(n) for n in alloc] if alloc and None not in alloc else nodes
     if len(order) != len(detail):
         return None
@@ -209,10 +263,13 @@ def parse_squeue_json(text: str | bytes, ts: float) -> tuple[list[JobState], lis
     _version(doc)
     jobs = doc.get("jobs")
     if not isinstance(jobs, list):
-        raise ValueError("squeue --json: no 'jobs' list")
+        _errors(doc, "squeue --json")
+        raise ValueError(f"squeue --json ({_release(doc)}): no 'jobs' list")
     out: list[JobState] = []
     need: list[str] = []
     for job in jobs:
+        if not isinstance(job, dict) or "job_state" not in job:
+            raise ValueError(f"squeue --json ({_release(doc)}): a job without 'job_state' (sacct output?)")
         state = _job_state(job.get("job_state"))
         nodes = expand_nodes(job.get("nodes")) if state != "PENDING" else []
         gpus = _job_gpus(job, nodes) if nodes else {}
@@ -223,6 +280,7 @@ def parse_squeue_json(text: str | bytes, ts: float) -> tuple[list[JobState], lis
                 need.append(jid)
         start = _num(job.get("start_time"))
         end = _num(job.get("end_time"))
+        submit = _num(job.get("submit_time"))
         out.append(
             JobState(
                 job_id=jid,
@@ -237,9 +295,143 @@ def parse_squeue_json(text: str | bytes, ts: float) -> tuple[list[JobState], lis
                 start_ts=start if start and state != "PENDING" else None,
                 end_ts=end if end and state != "PENDING" else None,
                 exit_code=_exit_code(job.get("exit_code")) if state in TERMINAL_JOB_STATES else None,
+                submit_ts=submit or None,
+                reason=_reason(job.get("state_reason")),
             )
         )
     return out, need
+
+
+def _reason(v: Any) -> str | None:
+    r = str(v or "").strip()
+    return None if r in ("", "None", "(null)") else r
+
+
+def parse_sacct_json(text: str | bytes, ts: float) -> list[JobState]:
+    """Parse ``sacct --json`` (Slurm 22.05: OpenAPI ``dbv0.0.38``; v0.0.39-v0.0.42 shapes too:
+    ``state.current`` as a list, numbers as ``{"set","number"}``, ``exit_code.signal``).
+
+    Accounting has no GPU indices: ``gpus`` is ``{}``. Job steps are ignored (allocations
+    only). Slurm 22.05's JSON gives ``exit_code`` ``SUCCESS``/0 for a job that exited
+    non-zero (the text output shows ``3:0``); a ``FAILED`` job with exit code 0 therefore gets
+    ``exit_code=None`` (unknown) rather than a wrong 0.
+
+    Args:
+        text: the command's stdout (or a slurmrestd ``/slurmdb/vX/jobs`` document).
+        ts: observation time, epoch s.
+
+    Returns:
+        One :class:`JobState` per job record (last record wins for a requeued job id),
+        ``confirmed=True``, times in epoch s (``None`` when unset/0).
+
+    Raises:
+        ValueError: not JSON, or no ``jobs`` list (a Slurm error message is quoted).
+    """
+    doc = _load(text, "sacct --json")
+    _version(doc)
+    jobs = doc.get("jobs")
+    if not isinstance(jobs, list):
+        _errors(doc, "sacct --json")
+        raise ValueError(f"sacct --json ({_release(doc)}): no 'jobs' list")
+    out: dict[str, JobState] = {}
+    for job in jobs:
+        if not isinstance(job, dict) or job.get("job_id") is None:
+            raise ValueError(f"sacct --json ({_release(doc)}): job record without job_id")
+        st = job.get("state") or {}
+        state = _job_state(st.get("current") if isinstance(st, dict) else st)
+        arr = job.get("array") or {}
+        arr_id = _num(arr.get("job_id"))
+        task = _num(arr.get("task_id"))
+        jid = f"{int(arr_id)}_{int(task)}" if arr_id and task is not None else str(job["job_id"])
+        t = job.get("time") or {}
+        submit, start, end = (_num(t.get(k)) for k in ("submission", "start", "end"))
+        code = _exit_code(job.get("exit_code")) if state in TERMINAL_JOB_STATES else None
+        if state == "FAILED" and code == 0:
+            code = None
+        assoc = job.get("association") or {}
+        out[jid] = JobState(
+            job_id=jid,
+            ts=ts,
+            state=state,
+            name=job.get("name") or None,
+            user=job.get("user") or assoc.get("user") or None,
+            account=job.get("account") or assoc.get("account") or None,
+            partition=job.get("partition") or None,
+            nodes=expand_nodes(job.get("nodes")) if state != "PENDING" else [],
+            gpus={},
+            start_ts=start or None,
+            end_ts=end or None,
+            exit_code=code,
+            submit_ts=submit or None,
+            reason=_reason(st.get("reason") if isinstance(st, dict) else None),
+            confirmed=state in TERMINAL_JOB_STATES,
+        )
+    return list(out.values())
+
+
+_UID_RE = re.compile(r"^([^()]*)(?:\(\d+\))?$")
+
+
+def _scontrol_exit(v: str | None) -> int | None:
+    """``"3:0"`` -> 3; ``"0:15"`` (signal 15) -> 143; missing -> ``None``."""
+    if not v or ":" not in v:
+        return None
+    code, sig = v.split(":", 1)
+    try:
+        return 128 + int(sig) if int(sig) else int(code)
+    except ValueError:
+        return None
+
+
+def parse_scontrol_jobs(text: str, ts: float) -> list[JobState]:
+    """Parse ``scontrol show job -d`` (Slurm 22.05, multi-line or ``-o`` one-line records).
+
+    Reads ``JobId``, ``ArrayJobId``/``ArrayTaskId``, ``JobName``, ``UserId=name(uid)``,
+    ``Account``, ``Partition``, ``JobState``, ``Reason``, ``SubmitTime``/``StartTime``/
+    ``EndTime`` (local time of the parsing machine), ``ExitCode=code:signal``, ``NodeList``
+    and the per-node ``Nodes=... GRES=gpu:N(IDX:...)`` detail lines (GPU indices per node).
+
+    Returns:
+        One :class:`JobState` per ``JobId=`` record (``[]`` for none).
+
+    Raises:
+        ValueError: a record without ``JobState`` (not scontrol job output).
+    """
+    out: list[JobState] = []
+    gpus = parse_scontrol_job_gpus(text)
+    for rec in _records(text, "JobId"):
+        kv: dict[str, str] = {}
+        for line in rec:
+            for k, v in re.findall(r"(\S+?)=(\S*)", line):
+                kv.setdefault(k, v)
+        if "JobState" not in kv:
+            raise ValueError(f"scontrol show job: record JobId={kv.get('JobId')} has no JobState")
+        state = kv["JobState"].upper()
+        jid = kv["JobId"]
+        if kv.get("ArrayTaskId") not in (None, "N/A") and kv.get("ArrayJobId"):
+            jid = f"{kv['ArrayJobId']}_{kv['ArrayTaskId']}"
+        m = _UID_RE.match(kv.get("UserId", ""))
+        start = parse_slurm_time(kv.get("StartTime")) if state != "PENDING" else None
+        end = parse_slurm_time(kv.get("EndTime")) if state != "PENDING" else None
+        out.append(
+            JobState(
+                job_id=jid,
+                ts=ts,
+                state=state,
+                name=kv.get("JobName") or None,
+                user=(m.group(1) if m else None) or None,
+                account=_reason(kv.get("Account")),
+                partition=_reason(kv.get("Partition")),
+                nodes=expand_nodes(kv.get("NodeList")) if state != "PENDING" else [],
+                gpus=gpus.get(kv["JobId"], {}),
+                start_ts=start,
+                end_ts=end,
+                exit_code=_scontrol_exit(kv.get("ExitCode")) if state in TERMINAL_JOB_STATES else None,
+                submit_ts=parse_slurm_time(kv.get("SubmitTime")),
+                reason=_reason(kv.get("Reason")),
+            )
+        )
+    return out
 
 
 def parse_scontrol_job_gpus(text: str) -> dict[str, dict[str, list[int]]]:
@@ -282,7 +474,12 @@ def _node_state(raw: Any, flags: list[Any] | None) -> tuple[str, list[str]]:
         base = base[:-1]
         rest.append("NOT_RESPONDING")
     all_flags = [*rest, *(str(f).upper() for f in flags or [])]
+    if "DRAIN" in all_flags and base in _BUSY and "DRAINING" not in all_flags:
+        all_flags.append("DRAINING")  # what sinfo prints as "draining": DRAIN on a node with jobs
     return base, list(dict.fromkeys(all_flags))
+
+
+_BUSY = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
 
 
 def parse_sinfo_json(text: str | bytes, ts: float) -> list[NodeState]:

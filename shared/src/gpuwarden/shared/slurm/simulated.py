@@ -193,6 +193,17 @@ class FakeSlurm:
         self.fail_with: int | None = None
         self.raise_on_read: Exception | None = None
         self.now = time.time
+        self.accounting_map: dict[str, JobState] = {}
+        self.accounting_error: Exception | None = None
+        self.accounting_calls: list[list[str]] = []
+
+    async def accounting(self, job_ids: list[str] | tuple[str, ...]) -> list[JobState]:
+        """Records of ``accounting_map`` for these ids (``SlurmAccounting``); raises
+        ``accounting_error`` if set."""
+        self.accounting_calls.append(list(job_ids))
+        if self.accounting_error:
+            raise self.accounting_error
+        return [self.accounting_map[j] for j in job_ids if j in self.accounting_map]
 
     async def jobs(self) -> list[JobState]:
         if self.raise_on_read:
