@@ -269,11 +269,18 @@ async def test_service_routes_messages_and_registers_the_collector() -> None:
 
 
 def test_otlp_exporters_from_settings() -> None:
-    assert build_otlp_exporters(OtlpBridgeSettings(otlp_bridge_endpoint=None)) == ([], [])
+    assert build_otlp_exporters(OtlpBridgeSettings(otlp_bridge_endpoint=None)) == ([], [], [])
     for protocol in ("grpc", "http/protobuf"):
+        direct = build_otlp_exporters(OtlpBridgeSettings(otlp_bridge_endpoint="127.0.0.1:1",
+                                                         otlp_bridge_protocol=protocol))  # fmt: skip
+        assert (len(direct.metric_readers), len(direct.log_exporters), len(direct.metric_transports)) == (0, 1, 1)
+        direct.log_exporters[0].shutdown()
+        direct.metric_transports[0].close()
         s = OtlpBridgeSettings(otlp_bridge_endpoint="127.0.0.1:1", otlp_bridge_protocol=protocol,
-                               otlp_bridge_export_interval_s=3600, otlp_bridge_timeout_s=0.1)  # fmt: skip
-        readers, exporters = build_otlp_exporters(s)
+                               otlp_bridge_export_interval_s=3600, otlp_bridge_timeout_s=0.1,
+                               otlp_bridge_metrics_path="sdk", otlp_bridge_compression="gzip")  # fmt: skip
+        readers, exporters, transports = build_otlp_exporters(s)
+        assert transports == []
         try:
             assert len(readers) == 1 and isinstance(readers[0], PeriodicExportingMetricReader)
             assert len(exporters) == 1
@@ -282,9 +289,11 @@ def test_otlp_exporters_from_settings() -> None:
                 r.shutdown()
             for e in exporters:
                 e.shutdown()
-    http_logs = build_otlp_exporters(
+    http = build_otlp_exporters(
         OtlpBridgeSettings(otlp_bridge_endpoint="http://otel:4318/", otlp_bridge_protocol="http/protobuf")
-    )[1][0]
+    )
+    assert http.metric_transports[0].url == "http://otel:4318/v1/metrics"  # type: ignore[attr-defined]
+    http_logs = http.log_exporters[0]
     assert http_logs._endpoint == "http://otel:4318/v1/logs"  # type: ignore[attr-defined]
     http_logs.shutdown()
 

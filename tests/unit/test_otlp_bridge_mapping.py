@@ -79,7 +79,9 @@ def test_metric_catalog_names_units_and_prometheus_names() -> None:
     for s in GPU_METRICS:
         assert s.otel_name.startswith(("hw.", "gpuwarden.")), s
         assert s.prom_name.startswith("gpuwarden_gpu_"), s
-        assert s.prom_name.endswith(("_ratio", "_bytes", "_celsius", "_watts", "_hertz", "_total")), s
+        assert s.prom_name.endswith(
+            ("_ratio", "_bytes", "_celsius", "_watts", "_hertz", "_total", "_generation", "_lanes")
+        ), s
         assert (s.prom_type == "counter") == s.prom_name.endswith("_total")
     prom = {s.prom_name for s in GPU_METRICS}
     assert {"gpuwarden_gpu_utilization_ratio", "gpuwarden_gpu_memory_used_bytes", "gpuwarden_gpu_temperature_celsius",

@@ -14,34 +14,51 @@ import socket
 import time
 from collections.abc import Callable, Iterable, Sequence
 from importlib.metadata import PackageNotFoundError, version
-from typing import Literal
+from typing import Any, Literal, NamedTuple
 
 from opentelemetry._logs import Logger
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk._logs import LoggerProvider, LogRecordProcessor
-from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, LogRecordExporter, SimpleLogRecordProcessor
+from opentelemetry.sdk._logs.export import (
+    BatchLogRecordProcessor,
+    LogRecordExporter,
+    LogRecordExportResult,
+    SimpleLogRecordProcessor,
+)
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import Resource
 
-from gpuwarden.shared.models import AttributedSample, Failure, Remediation
+from gpuwarden.shared.models import AttributedEvent, AttributedSample, Failure, NodeState, Remediation
 
+from .direct import DirectMetricExporter, GrpcTransport, HttpTransport, MetricEncoder, Transport
 from .mapping import (
     DATA_POINT_ATTRIBUTE_KEYS,
     GPU_METRICS,
+    GPU_MULTI_METRICS,
     OTEL_SHARED_DESCRIPTIONS,
     LogFields,
     MetricSpec,
+    MultiMetricSpec,
+    event_log,
     failure_log,
     metric_attributes,
+    node_state_log,
     remediation_log,
 )
 from .prom import BridgeCollector
 from .settings import OtlpBridgeSettings, parse_key_values
 from .store import LatestStore
 
-__all__ = ["DEFAULT_SERVICE_NAME", "OtlpBridge", "build_otlp_exporters", "build_resource"]
+__all__ = [
+    "DEFAULT_SERVICE_NAME",
+    "CountingLogExporter",
+    "OtlpBridge",
+    "OtlpExporters",
+    "build_otlp_exporters",
+    "build_resource",
+]
 
 log = logging.getLogger(__name__)
 
@@ -76,38 +93,125 @@ def build_resource(service_name: str | None = None, extra: dict[str, str] | None
     return res
 
 
-def build_otlp_exporters(settings: OtlpBridgeSettings) -> tuple[list[MetricReader], list[LogRecordExporter]]:
-    """OTLP metric reader + log exporter for ``settings`` (none without an endpoint)."""
+class OtlpExporters(NamedTuple):
+    """What :func:`build_otlp_exporters` builds: SDK metric readers (``sdk`` path), log
+    exporters, and transports for the direct metric path."""
+
+    metric_readers: list[MetricReader]
+    log_exporters: list[LogRecordExporter]
+    metric_transports: list[Transport]
+
+
+def build_otlp_exporters(settings: OtlpBridgeSettings) -> OtlpExporters:
+    """OTLP exporters for ``settings`` (none without an endpoint).
+
+    Metrics: one direct transport (``otlp_bridge_metrics_path=direct``, the default) or one
+    ``PeriodicExportingMetricReader`` over the SDK exporter (``sdk``). Logs: the SDK's OTLP
+    log exporter, wrapped to count what it failed to deliver. Headers, TLS files,
+    compression and timeout apply to both.
+    """
     endpoint = settings.otlp_bridge_endpoint
     if not endpoint:
-        return [], []
+        return OtlpExporters([], [], [])
     secret = settings.otlp_bridge_headers
     headers = parse_key_values(secret.get_secret_value()) if secret else None
     timeout = settings.otlp_bridge_timeout_s
-    metric_exporter: object
+    comp = settings.otlp_bridge_compression
+    tls = {
+        "ca_file": settings.otlp_bridge_certificate_file,
+        "client_cert_file": settings.otlp_bridge_client_certificate_file,
+        "client_key_file": settings.otlp_bridge_client_key_file,
+    }
+    direct = settings.otlp_bridge_metrics_path == "direct"
+    metric_exporter: object | None = None
+    transports: list[Transport] = []
     log_exporter: LogRecordExporter
     if settings.otlp_bridge_protocol == "grpc":
+        import grpc
         from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as GrpcLogs
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetrics
 
         insecure = settings.otlp_bridge_insecure
-        metric_exporter = GrpcMetrics(endpoint=endpoint, insecure=insecure, headers=headers, timeout=timeout)
-        log_exporter = GrpcLogs(endpoint=endpoint, insecure=insecure, headers=headers, timeout=timeout)
+        if insecure is None:
+            insecure = endpoint.startswith("http://")
+        creds = None
+        if not insecure and any(tls.values()):
+            creds = grpc.ssl_channel_credentials(*(_read(tls[k]) for k in ("ca_file", "client_key_file",
+                                                                            "client_cert_file")))  # fmt: skip
+        gcomp = {"none": grpc.Compression.NoCompression, "gzip": grpc.Compression.Gzip,
+                 "deflate": grpc.Compression.Deflate}[comp]  # fmt: skip
+        common = {"endpoint": endpoint, "insecure": insecure, "headers": headers, "timeout": timeout,
+                  "credentials": creds, "compression": gcomp}  # fmt: skip
+        if direct:
+            transports.append(GrpcTransport(endpoint, insecure=insecure, headers=headers, compression=comp, **tls))
+        else:
+            metric_exporter = GrpcMetrics(**common)  # type: ignore[arg-type]
+        log_exporter = GrpcLogs(**common)  # type: ignore[arg-type]
     else:
+        from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
         from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as HttpLogs
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetrics
 
         base = endpoint.rstrip("/")
         if "://" not in base:
             base = f"http://{base}"
-        metric_exporter = HttpMetrics(endpoint=f"{base}/v1/metrics", headers=headers, timeout=timeout)
-        log_exporter = HttpLogs(endpoint=f"{base}/v1/logs", headers=headers, timeout=timeout)
-    reader = PeriodicExportingMetricReader(
-        metric_exporter,  # type: ignore[arg-type]
-        export_interval_millis=settings.otlp_bridge_export_interval_s * 1000,
-        export_timeout_millis=timeout * 1000,
-    )
-    return [reader], [log_exporter]
+        hcomp = {"none": HttpCompression.NoCompression, "gzip": HttpCompression.Gzip,
+                 "deflate": HttpCompression.Deflate}[comp]  # fmt: skip
+        http_tls: dict[str, Any] = {"certificate_file": tls["ca_file"],
+                                    "client_certificate_file": tls["client_cert_file"],
+                                    "client_key_file": tls["client_key_file"]}  # fmt: skip
+        if direct:
+            transports.append(HttpTransport(f"{base}/v1/metrics", headers=headers, compression=comp, **tls))
+        else:
+            metric_exporter = HttpMetrics(endpoint=f"{base}/v1/metrics", headers=headers, timeout=timeout,
+                                          compression=hcomp, **http_tls)  # fmt: skip
+        log_exporter = HttpLogs(endpoint=f"{base}/v1/logs", headers=headers, timeout=timeout,
+                                compression=hcomp, **http_tls)  # fmt: skip
+    readers: list[MetricReader] = []
+    if metric_exporter is not None:
+        readers.append(
+            PeriodicExportingMetricReader(
+                metric_exporter,  # type: ignore[arg-type]
+                export_interval_millis=settings.otlp_bridge_export_interval_s * 1000,
+                export_timeout_millis=timeout * 1000,
+            )
+        )
+    return OtlpExporters(readers, [log_exporter], transports)
+
+
+def _read(path: str | None) -> bytes | None:
+    if path is None:
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+class CountingLogExporter(LogRecordExporter):
+    """Wraps a log exporter and counts records exported and dropped (failed exports)."""
+
+    def __init__(self, inner: LogRecordExporter) -> None:
+        self.inner = inner
+        self.exported = 0
+        self.dropped = 0
+
+    def export(self, batch: Sequence[Any]) -> LogRecordExportResult:
+        try:
+            result = self.inner.export(batch)
+        except Exception:
+            log.exception("OTLP log export raised; %d records dropped", len(batch))
+            result = LogRecordExportResult.FAILURE
+        if result == LogRecordExportResult.SUCCESS:
+            self.exported += len(batch)
+        else:
+            self.dropped += len(batch)
+            log.warning("OTLP log export failed, %d records dropped", len(batch))
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
 
 
 class OtlpBridge:
@@ -130,22 +234,44 @@ class OtlpBridge:
         failure_ttl_s: float = 86400.0,
         cardinality_limit: int = 100_000,
         clock: Callable[[], float] = time.time,
+        metric_transports: Sequence[Transport] = (),
+        export_interval_s: float = 10.0,
+        export_timeout_s: float = 10.0,
+        retry_s: float | None = None,
+        max_request_bytes: int = 4_000_000,
+        naming: Literal["otel", "dcgm"] = "otel",
     ) -> None:
         self.resource = resource if resource is not None else build_resource()
         self._readers = list(metric_readers)
-        self._log_exporters = list(log_exporters)
+        self._log_exporters = [CountingLogExporter(e) for e in log_exporters]
+        self._transports = list(metric_transports)
+        self._export_interval_s = export_interval_s
+        self._export_timeout_s = export_timeout_s
+        self._retry_s = retry_s
+        self._max_request_bytes = max_request_bytes
+        self.naming = naming
+        self.direct_exporters: list[DirectMetricExporter] = []  # every one started (for the counts)
+        self._running_direct: list[DirectMetricExporter] = []
         self._log_processor = log_processor
         self._cardinality_limit = cardinality_limit
         self._clock = clock
         self.store = LatestStore(staleness_s, failure_ttl_s, clock=clock)
-        self.collector = BridgeCollector(self.store)
+        # OTel name -> points left out at the last collection because the instrument would
+        # pass the cardinality limit (the SDK would fold them into otel_metric_overflow)
+        self.series_over_limit: dict[str, int] = {}
+        self.collector = BridgeCollector(self.store, self.series_over_limit, self.export_stats, naming=naming)
         self.meter_provider: MeterProvider | None = None
         self.logger_provider: LoggerProvider | None = None
         self._logger: Logger | None = None
         self.logs_emitted = 0
 
     # -- lifecycle ---------------------------------------------------------------------
-    def add_exporters(self, metric_readers: Sequence[MetricReader], log_exporters: Sequence[LogRecordExporter]) -> None:
+    def add_exporters(
+        self,
+        metric_readers: Sequence[MetricReader],
+        log_exporters: Sequence[LogRecordExporter],
+        metric_transports: Sequence[Transport] = (),
+    ) -> None:
         """Add readers/exporters before ``start()`` (the service builds OTLP ones only when it starts,
         since a periodic reader starts a thread when it is created).
 
@@ -155,11 +281,14 @@ class OtlpBridge:
         if self.meter_provider is not None:
             raise RuntimeError("add exporters before start()")
         self._readers.extend(metric_readers)
-        self._log_exporters.extend(log_exporters)
+        self._log_exporters.extend(CountingLogExporter(e) for e in log_exporters)
+        self._transports.extend(metric_transports)
 
     def start(self) -> None:
         if self.meter_provider is not None:
             return
+        if self.naming == "dcgm" and self._readers:
+            log.warning("dcgm naming applies to /metrics and the direct OTLP path; SDK metric readers get OTel names")
         mp = MeterProvider(
             resource=self.resource,
             metric_readers=self._readers,
@@ -178,6 +307,14 @@ class OtlpBridge:
             }[first.otel_kind]
             desc = OTEL_SHARED_DESCRIPTIONS.get(name, first.description)
             create(name, callbacks=[self._gpu_callback(tuple(specs))], unit=first.otel_unit, description=desc)
+        for multi in GPU_MULTI_METRICS:
+            create = {
+                "gauge": meter.create_observable_gauge,
+                "updown": meter.create_observable_up_down_counter,
+                "counter": meter.create_observable_counter,
+            }[multi.otel_kind]
+            create(multi.otel_name, callbacks=[self._multi_callback(multi)], unit=multi.otel_unit,
+                   description=multi.description)  # fmt: skip
         meter.create_observable_counter(
             "gpuwarden.failures", callbacks=[self._failures_callback], unit="{failure}",
             description="Failure episodes seen (each failure_id once), by pattern, severity and node",
@@ -194,12 +331,43 @@ class OtlpBridge:
             lp.add_log_record_processor(proc)
         self._logger = lp.get_logger(SCOPE, _VERSION)
         self.meter_provider, self.logger_provider = mp, lp
+        for transport in self._transports:
+            encoder = MetricEncoder(self.resource, SCOPE, _VERSION, max_request_bytes=self._max_request_bytes,
+                                    cardinality_limit=self._cardinality_limit, naming=self.naming)  # fmt: skip
+            exporter = DirectMetricExporter(
+                self.store, encoder, transport, interval_s=self._export_interval_s,
+                timeout_s=self._export_timeout_s, retry_deadline_s=self._retry_s,
+                descriptions=OTEL_SHARED_DESCRIPTIONS,
+            )  # fmt: skip
+            exporter.start()
+            self.direct_exporters.append(exporter)
+            self._running_direct.append(exporter)
+
+    def export_stats(self) -> dict[str, float]:
+        """Counts since start: ``points_exported``, ``points_dropped``, ``export_retries``
+        (direct metric path), ``logs_exported``, ``logs_dropped``, ``gpus_refused`` (memory
+        bound), ``series_over_limit`` (points left out at the last export)."""
+        out = {
+            "points_exported": float(sum(e.stats.points_exported for e in self.direct_exporters)),
+            "points_dropped": float(sum(e.stats.points_dropped for e in self.direct_exporters)),
+            "export_retries": float(sum(e.stats.retries for e in self.direct_exporters)),
+            "logs_exported": float(sum(e.exported for e in self._log_exporters)),
+            "logs_dropped": float(sum(e.dropped for e in self._log_exporters)),
+            "gpus_refused": float(self.store.gpus_refused),
+        }
+        return out
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Flush and shut down the providers (blocking: run it off the event loop)."""
         mp, lp = self.meter_provider, self.logger_provider
         self.meter_provider = self.logger_provider = None
         self._logger = None
+        exporters, self._running_direct = self._running_direct, []
+        for exp in exporters:
+            try:
+                exp.shutdown(timeout_s)
+            except Exception:
+                log.exception("direct OTLP metric exporter failed to shut down")
         if lp is not None:
             try:
                 lp.force_flush(int(timeout_s * 1000))
@@ -215,6 +383,8 @@ class OtlpBridge:
             ok = self.logger_provider.force_flush(int(timeout_s * 1000)) and ok
         if self.meter_provider is not None:
             ok = self.meter_provider.force_flush(int(timeout_s * 1000)) and ok
+        for exp in self._running_direct:
+            ok = exp.export_once() and ok
         return ok
 
     # -- input -------------------------------------------------------------------------
@@ -226,6 +396,21 @@ class OtlpBridge:
         """Track the failure (counter, open gauge) and emit it as a log record."""
         self.store.update_failure(f)
         self._emit(failure_log(f))
+
+    def on_event(self, e: AttributedEvent) -> None:
+        """Count an XID/SXID on ``hw.errors`` of its GPU and emit the event as a log record
+        (a duplicate ``event_id`` is neither counted nor logged again)."""
+        new, _ = self.store.update_event(e)
+        if new:
+            self._emit(event_log(e))
+
+    def on_node_state(self, ns: NodeState) -> bool:
+        """Emit a log record when the node's state, flags or reason changed (or the node is
+        new); returns whether one was emitted."""
+        if not self.store.update_node_state(ns):
+            return False
+        self._emit(node_state_log(ns))
+        return True
 
     def on_remediation(self, r: Remediation) -> None:
         """Emit a remediation decision as a log record."""
@@ -246,6 +431,18 @@ class OtlpBridge:
         self.logs_emitted += 1
 
     # -- observable callbacks (run on the reader's thread) ------------------------------
+    def _bounded(self, name: str, out: list[Observation]) -> list[Observation]:
+        """At most ``cardinality_limit - 1`` points (the SDK folds the rest into an overflow
+        series); what is left out is counted in ``series_over_limit`` and logged."""
+        room = self._cardinality_limit - 1
+        if len(out) <= room:
+            self.series_over_limit[name] = 0
+            return out
+        self.series_over_limit[name] = len(out) - room
+        log.warning("%s: %d series over the cardinality limit %d left out (raise it)",
+                    name, len(out) - room, self._cardinality_limit)  # fmt: skip
+        return out[:room]
+
     def _gpu_callback(self, specs: tuple[MetricSpec, ...]) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def observe(_: CallbackOptions) -> Iterable[Observation]:
             out = []
@@ -254,7 +451,17 @@ class OtlpBridge:
                     v = spec.value(e.gpu)
                     if v is not None:
                         out.append(Observation(v, metric_attributes(spec, e.attributes)))
-            return out
+            return self._bounded(specs[0].otel_name, out)
+
+        return observe
+
+    def _multi_callback(self, spec: MultiMetricSpec) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(_: CallbackOptions) -> Iterable[Observation]:
+            out = []
+            for e, view in self.store.views():
+                for value_key, v in spec.points(view):
+                    out.append(Observation(v, {**e.attributes, spec.otel_key: value_key}))
+            return self._bounded(spec.otel_name, out)
 
         return observe
 

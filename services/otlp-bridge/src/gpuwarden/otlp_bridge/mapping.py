@@ -20,33 +20,52 @@ from typing import Any, Literal
 from opentelemetry._logs import SeverityNumber
 
 from gpuwarden.shared.models import (
+    AttributedEvent,
     AttributedSample,
+    EventKind,
     Failure,
     GpuAttribution,
     GpuSample,
+    NodeState,
     Remediation,
     Severity,
 )
 
 __all__ = [
     "DATA_POINT_ATTRIBUTE_KEYS",
+    "DCGM_LABELS",
+    "DCGM_METRICS",
+    "EVENT_NAME_PREFIX",
     "FAILURE_EVENT_NAME",
     "GPU_METRICS",
+    "GPU_MULTI_METRICS",
+    "HW_STATES",
     "MIB",
+    "NODE_STATE_EVENT_NAME",
     "OTEL_SHARED_DESCRIPTIONS",
     "PROM_FAILURE_LABELS",
     "PROM_GPU_LABELS",
     "REMEDIATION_EVENT_NAME",
     "AttrValue",
+    "DcgmSpec",
+    "GpuView",
     "LogFields",
     "MetricSpec",
+    "MultiMetricSpec",
+    "dcgm_labels",
+    "error_counts",
+    "error_type_of",
+    "event_log",
     "failure_labels",
     "failure_log",
     "failure_metric_attributes",
     "gpu_attributes",
     "gpu_id",
+    "gpu_state",
     "jobs_by_index",
     "metric_attributes",
+    "node_state_key",
+    "node_state_log",
     "prom_gpu_labels",
     "remediation_log",
     "severity_of",
@@ -198,6 +217,12 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("energy", "hw.energy", "J", "counter",
                "Energy consumed since driver load, joules",
                "gpuwarden_gpu_energy_joules_total", lambda g: g.energy_j),
+    MetricSpec("pcie_link_gen", "gpuwarden.gpu.pcie.link.generation", "{generation}", "gauge",
+               "Current PCIe link generation",
+               "gpuwarden_gpu_pcie_link_generation", lambda g: g.pcie_link_gen),
+    MetricSpec("pcie_link_width", "gpuwarden.gpu.pcie.link.width", "{lane}", "gauge",
+               "Current PCIe link width, lanes",
+               "gpuwarden_gpu_pcie_link_width_lanes", lambda g: g.pcie_link_width),
 )  # fmt: skip
 
 
@@ -222,12 +247,108 @@ def metric_attributes(spec: MetricSpec, base: Mapping[str, AttrValue]) -> dict[s
     return attrs
 
 
+# -- per-GPU metrics with one extra attribute (several points per GPU) ------------------
+
+HW_STATES = ("ok", "degraded", "failed", "predicted_failure")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    """What the multi-point metrics of one GPU read: its latest sample, the XID/SXID counts
+    seen on it (``{"xid_79": 2}``) and the worst severity among its open failures."""
+
+    gpu: GpuSample
+    event_errors: Mapping[str, int] = field(default_factory=dict)
+    worst_open: Severity | None = None
+
+
+def error_counts(v: GpuView) -> list[tuple[str, float]]:
+    """``hw.errors`` points of a GPU as ``(error.type, count)``: ``corrected`` / ``uncorrected``
+    (volatile ECC SBE / DBE), ``pcie_replay`` (PCIe replay counter) when the sample has them,
+    then one ``xid_<code>`` / ``sxid_<code>`` per event code seen (sorted). Counts, monotonic."""
+    g = v.gpu
+    out: list[tuple[str, float]] = []
+    if g.ecc_sbe_volatile is not None:
+        out.append(("corrected", g.ecc_sbe_volatile))
+    if g.ecc_dbe_volatile is not None:
+        out.append(("uncorrected", g.ecc_dbe_volatile))
+    if g.pcie_replay_count is not None:
+        out.append(("pcie_replay", g.pcie_replay_count))
+    out.extend(sorted(v.event_errors.items()))
+    return out
+
+
+def gpu_state(v: GpuView) -> str:
+    """``hw.state`` of a GPU: ``failed`` when a row remap failed or a critical/fatal failure is
+    open on it; ``degraded`` when a row remap is pending, uncorrectable ECC errors were seen
+    or a warning failure is open; else ``ok``. (``predicted_failure`` is never derived.)"""
+    g, worst = v.gpu, v.worst_open
+    if g.remapped_rows_failure or worst in (Severity.CRITICAL, Severity.FATAL):
+        return "failed"
+    if g.remapped_rows_pending or (g.ecc_dbe_volatile or 0) > 0 or worst == Severity.WARNING:
+        return "degraded"
+    return "ok"
+
+
+def _status_points(v: GpuView) -> list[tuple[str, float]]:
+    state = gpu_state(v)
+    return [(s, 1 if s == state else 0) for s in HW_STATES]
+
+
+def _throttle_points(v: GpuView) -> list[tuple[str, float]]:
+    return [(r, 1) for r in sorted(set(v.gpu.throttle_reasons))]
+
+
+@dataclass(frozen=True)
+class MultiMetricSpec:
+    """A GPU metric with several points per GPU, told apart by one extra attribute
+    (``otel_key`` on OTLP, ``prom_label`` on Prometheus). ``points`` gives
+    ``(attribute value, value)`` pairs of one GPU."""
+
+    key: str
+    otel_name: str
+    otel_unit: str
+    otel_kind: Literal["gauge", "updown", "counter"]
+    description: str
+    prom_name: str
+    otel_key: str
+    prom_label: str
+    points: Callable[[GpuView], list[tuple[str, float]]]
+
+    @property
+    def prom_type(self) -> Literal["gauge", "counter"]:
+        return "counter" if self.otel_kind == "counter" else "gauge"
+
+
+GPU_MULTI_METRICS: tuple[MultiMetricSpec, ...] = (
+    MultiMetricSpec("errors", "hw.errors", "{error}", "counter",
+                    "GPU errors by error.type: corrected/uncorrected (volatile ECC), pcie_replay, xid_<code>",
+                    "gpuwarden_gpu_errors_total", "error.type", "error_type", error_counts),
+    MultiMetricSpec("status", "hw.status", "1", "updown",
+                    "GPU status: 1 for the current hw.state, 0 for the others",
+                    "gpuwarden_gpu_status", "hw.state", "state", _status_points),
+    MultiMetricSpec("throttle", "gpuwarden.gpu.throttle.active", "1", "gauge",
+                    "Active clock throttle (clock event) reasons: 1 per active reason",
+                    "gpuwarden_gpu_throttle_active", "gpuwarden.throttle.reason", "reason", _throttle_points),
+)  # fmt: skip
+
+
+def error_type_of(e: AttributedEvent) -> str | None:
+    """The ``hw.errors`` ``error.type`` an event counts as: ``xid_<code>`` / ``sxid_<code>``;
+    None for events not counted (no code, or NVLink/ECC/GPU-lost: covered by other series)."""
+    ev = e.event
+    if ev.code is None or ev.kind not in (EventKind.XID, EventKind.SXID):
+        return None
+    return f"{ev.kind.value}_{ev.code}"
+
+
 # Every key a data point may carry: the resource must not repeat any of them
 # (Prometheus rejects a write whose resource and point share a key).
 DATA_POINT_ATTRIBUTE_KEYS = frozenset(
     {
         "host.name", "hw.id", "hw.type", "hw.name", "hw.model", "hw.driver_version", "hw.parent",
         "hw.sensor_location", "hw.gpu.task", "gpu.index", "gpu.uuid", "gpu.pci_bus_id",
+        "error.type", "hw.state", "gpuwarden.throttle.reason",
         "slurm.job.id", "slurm.user", "slurm.partition", "slurm.account",
         "gpuwarden.failure.pattern", "gpuwarden.failure.severity", "gpuwarden.failure.category",
     }
@@ -360,3 +481,139 @@ def failure_labels(f: Failure) -> tuple[str, ...]:
         str(f.severity.value),
         str(f.category.value),
     )
+
+
+# -- GPU events and node states --------------------------------------------------------
+
+EVENT_NAME_PREFIX = "gpuwarden.gpu."
+NODE_STATE_EVENT_NAME = "gpuwarden.node.state"
+
+
+def event_log(e: AttributedEvent) -> LogFields:
+    """A GPU event (XID, SXID, NVLink, ECC, GPU lost) as a log record: body = the raw log line,
+    timestamp = the event's ``ts``, ``event.name`` ``gpuwarden.gpu.<kind>`` (``gpu_lost``),
+    ``gpu.xid`` = the code for XIDs. Severity ERROR for a lost GPU, else WARN."""
+    ev = e.event
+    kind = str(ev.kind.value)
+    attrs: dict[str, AttrValue] = {
+        "gpuwarden.event.id": ev.event_id,
+        "gpuwarden.event.kind": kind,
+        "gpuwarden.event.source": ev.source,
+        "host.name": ev.node,
+    }
+    _put(attrs, "gpuwarden.event.code", ev.code)
+    if ev.kind == EventKind.XID:
+        _put(attrs, "gpu.xid", ev.code)
+    if ev.message:
+        attrs["gpuwarden.event.message"] = ev.message
+    _put(attrs, "gpu.index", ev.gpu_index)
+    _put(attrs, "gpu.uuid", ev.gpu_uuid)
+    _put(attrs, "hw.id", ev.gpu_uuid)
+    _put(attrs, "gpu.pci_bus_id", ev.pci_bus_id)
+    _put(attrs, "process.pid", ev.pid)
+    _put(attrs, "process.executable.name", ev.process_name)
+    if e.job is not None:
+        attrs["slurm.job.id"] = e.job.job_id
+        _put(attrs, "slurm.user", e.job.user)
+        _put(attrs, "slurm.partition", e.job.partition)
+        _put(attrs, "slurm.account", e.job.account)
+    number, text = (SeverityNumber.ERROR, "ERROR") if ev.kind == EventKind.GPU_LOST else (SeverityNumber.WARN, "WARN")
+    return LogFields(to_ns(ev.ts), number, text, ev.raw, EVENT_NAME_PREFIX + kind.replace("-", "_"), attrs)
+
+
+_BAD_NODE_WORDS = frozenset({"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING", "ERROR"})
+
+
+def node_state_key(ns: NodeState) -> tuple[str, tuple[str, ...], str | None]:
+    """What makes a node state a *change*: (state, sorted flags, reason)."""
+    return (ns.state.upper(), tuple(sorted(f.upper() for f in ns.flags)), ns.reason)
+
+
+def node_state_log(ns: NodeState) -> LogFields:
+    """A Slurm node state (change) as a log record: body ``<node>: STATE+FLAG (reason)``,
+    timestamp = its ``ts``; WARN when down/drained/failing/not responding, else INFO."""
+    state, flags, reason = node_state_key(ns)
+    body = f"{ns.node}: {'+'.join((state, *flags))}" + (f" ({reason})" if reason else "")
+    attrs: dict[str, AttrValue] = {
+        "host.name": ns.node,
+        "slurm.node.state": state,
+        "slurm.node.flags": list(flags),
+        "slurm.node.snapshot": ns.snapshot,
+    }
+    _put(attrs, "slurm.node.reason", reason)
+    _put(attrs, "slurm.node.reason_user", ns.reason_user)
+    _put(attrs, "slurm.node.reason_time", ns.reason_ts)
+    _put(attrs, "slurm.node.gres", ns.gres)
+    _put(attrs, "slurm.node.gres_used", ns.gres_used)
+    if ns.partitions:
+        attrs["slurm.node.partitions"] = list(ns.partitions)
+    bad = bool(_BAD_NODE_WORDS & {state, *flags})
+    number, text = (SeverityNumber.WARN, "WARN") if bad else (SeverityNumber.INFO, "INFO")
+    return LogFields(to_ns(ns.ts), number, text, body, NODE_STATE_EVENT_NAME, attrs)
+
+
+# -- dcgm-exporter naming mode ------------------------------------------------------------
+
+DCGM_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id", "DCGM_FI_DRIVER_VERSION", "hpc_job")
+
+
+def dcgm_labels(attrs: Mapping[str, AttrValue]) -> tuple[str, ...]:
+    """dcgm-exporter label values (:data:`DCGM_LABELS` order, '' when absent) from a GPU's
+    OTel attributes: ``gpu.index``->gpu, ``gpu.uuid``->UUID, ``hw.name``->device,
+    ``hw.model``->modelName, ``host.name``->Hostname, ``hw.driver_version``->
+    DCGM_FI_DRIVER_VERSION, ``slurm.job.id``->hpc_job."""
+    keys = ("gpu.index", "gpu.uuid", "hw.name", "hw.model", "host.name", "gpu.pci_bus_id", "hw.driver_version",
+            "slurm.job.id")  # fmt: skip
+    return tuple(str(attrs.get(k, "")) for k in keys)
+
+
+@dataclass(frozen=True)
+class DcgmSpec:
+    """One dcgm-exporter field: name, kind, help and the value in dcgm-exporter's unit."""
+
+    name: str
+    kind: Literal["gauge", "counter"]
+    help: str
+    value: Callable[[GpuView], float | None]
+
+
+def _fb_free(v: GpuView) -> float | None:
+    g = v.gpu
+    if g.memory_used_mib is None or g.memory_total_mib is None:
+        return None
+    return max(g.memory_total_mib - g.memory_used_mib, 0.0)
+
+
+def _flag(b: bool | None) -> float | None:
+    return None if b is None else float(b)
+
+
+DCGM_METRICS: tuple[DcgmSpec, ...] = (
+    DcgmSpec("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", lambda v: v.gpu.utilization_gpu_pct),
+    DcgmSpec("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).",
+             lambda v: v.gpu.utilization_memory_pct),
+    DcgmSpec("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", lambda v: v.gpu.memory_used_mib),
+    DcgmSpec("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", _fb_free),
+    DcgmSpec("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", lambda v: v.gpu.temperature_c),
+    DcgmSpec("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C).",
+             lambda v: v.gpu.memory_temperature_c),
+    DcgmSpec("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", lambda v: v.gpu.power_w),
+    DcgmSpec("DCGM_FI_DEV_POWER_MGMT_LIMIT", "gauge", "Power management limit (in W).",
+             lambda v: v.gpu.power_limit_w),
+    DcgmSpec("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).", lambda v: v.gpu.sm_clock_mhz),
+    DcgmSpec("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).", lambda v: v.gpu.memory_clock_mhz),
+    DcgmSpec("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter",
+             "Total energy consumption since boot (in mJ).", lambda v: _scale(v.gpu.energy_j, 1000.0)),
+    DcgmSpec("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter", "Total number of single-bit volatile ECC errors.",
+             lambda v: v.gpu.ecc_sbe_volatile),
+    DcgmSpec("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "Total number of double-bit volatile ECC errors.",
+             lambda v: v.gpu.ecc_dbe_volatile),
+    DcgmSpec("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries.",
+             lambda v: v.gpu.pcie_replay_count),
+    DcgmSpec("DCGM_FI_DEV_PCIE_LINK_GEN", "gauge", "PCIe link generation.", lambda v: v.gpu.pcie_link_gen),
+    DcgmSpec("DCGM_FI_DEV_PCIE_LINK_WIDTH", "gauge", "PCIe link width (lanes).", lambda v: v.gpu.pcie_link_width),
+    DcgmSpec("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed",
+             lambda v: _flag(v.gpu.remapped_rows_failure)),
+    DcgmSpec("DCGM_FI_DEV_ROW_REMAP_PENDING", "gauge", "Whether a row remap is pending a GPU reset",
+             lambda v: _flag(v.gpu.remapped_rows_pending)),
+)  # fmt: skip

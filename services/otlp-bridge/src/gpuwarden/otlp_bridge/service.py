@@ -15,7 +15,7 @@ from opentelemetry.sdk.metrics.export import MetricReader
 from pydantic import BaseModel
 
 from gpuwarden.shared.bus import Producer
-from gpuwarden.shared.models import AttributedSample, Failure, Remediation
+from gpuwarden.shared.models import AttributedEvent, AttributedSample, Failure, NodeState, Remediation
 from gpuwarden.shared.service import Service
 
 from .bridge import OtlpBridge, build_otlp_exporters, build_resource
@@ -25,11 +25,13 @@ __all__ = ["CONSUMED_TOPICS", "OtlpBridgeService", "create_service"]
 
 log = logging.getLogger(__name__)
 
-CONSUMED_TOPICS = ("gpu.attributed", "failures", "remediations")
+CONSUMED_TOPICS = ("gpu.attributed", "gpu.events.attributed", "slurm.nodes", "failures", "remediations")
 
 
 class OtlpBridgeService(Service):
-    """Consumes :data:`CONSUMED_TOPICS`; exports through the injected readers/exporters.
+    """Consumes :data:`CONSUMED_TOPICS` (``gpu.attributed``: GPU metrics; ``gpu.events.attributed``:
+    XID log records + ``hw.errors``; ``slurm.nodes``: node-state-change log records;
+    ``failures``, ``remediations``: log records); exports through the injected readers/exporters.
 
     With neither ``metric_readers`` nor ``log_exporters`` given, OTLP exporters are
     built from the settings (none without an endpoint: Prometheus only).
@@ -66,6 +68,11 @@ class OtlpBridgeService(Service):
             failure_ttl_s=settings.otlp_bridge_failure_ttl_s,
             cardinality_limit=settings.otlp_bridge_cardinality_limit,
             clock=clock,
+            export_interval_s=settings.otlp_bridge_export_interval_s,
+            export_timeout_s=settings.otlp_bridge_timeout_s,
+            retry_s=settings.otlp_bridge_retry_s,
+            max_request_bytes=settings.otlp_bridge_max_request_bytes,
+            naming=settings.otlp_bridge_naming,
         )
         self.metrics.registry.register(self.bridge.collector)
 
@@ -96,6 +103,10 @@ class OtlpBridgeService(Service):
             self.bridge.on_failure(value)
         elif isinstance(value, Remediation):
             self.bridge.on_remediation(value)
+        elif isinstance(value, AttributedEvent):
+            self.bridge.on_event(value)
+        elif isinstance(value, NodeState):
+            self.bridge.on_node_state(value)
         else:
             raise TypeError(f"otlp-bridge does not handle {type(value).__name__} from {topic}")
 

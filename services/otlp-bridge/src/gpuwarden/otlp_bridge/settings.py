@@ -83,6 +83,54 @@ class OtlpBridgeSettings(ServiceSettings):
         description="OTel SDK attribute sets per instrument (SDK default 2000 folds the rest into overflow)",
     )  # fmt: skip
 
+    otlp_bridge_metrics_path: Literal["direct", "sdk"] = Field(
+        "direct",
+        description="OTLP metric export: direct (the store encoded straight to OTLP protobuf, ~10x cheaper) "
+        "or sdk (OpenTelemetry SDK MeterProvider + OTLP exporter)",
+    )  # fmt: skip
+    otlp_bridge_compression: Literal["none", "gzip", "deflate"] = Field(
+        "none",
+        validation_alias=AliasChoices("GPUWARDEN_OTLP_BRIDGE_COMPRESSION", "OTEL_EXPORTER_OTLP_COMPRESSION"),
+        description="OTLP compression: none, gzip or deflate (falls back to OTEL_EXPORTER_OTLP_COMPRESSION)",
+    )
+    otlp_bridge_certificate_file: str | None = Field(
+        None,
+        validation_alias=AliasChoices("GPUWARDEN_OTLP_BRIDGE_CERTIFICATE_FILE", "OTEL_EXPORTER_OTLP_CERTIFICATE"),
+        description="CA bundle (PEM) to verify the OTLP receiver's TLS certificate",
+    )
+    otlp_bridge_client_certificate_file: str | None = Field(
+        None,
+        validation_alias=AliasChoices(
+            "GPUWARDEN_OTLP_BRIDGE_CLIENT_CERTIFICATE_FILE", "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"
+        ),
+        description="Client certificate (PEM) for mutual TLS",
+    )
+    otlp_bridge_client_key_file: str | None = Field(
+        None,
+        validation_alias=AliasChoices("GPUWARDEN_OTLP_BRIDGE_CLIENT_KEY_FILE", "OTEL_EXPORTER_OTLP_CLIENT_KEY"),
+        description="Client private key (PEM) for mutual TLS",
+    )
+    otlp_bridge_max_request_bytes: int = Field(
+        4_000_000, ge=10_000,
+        description="Direct path: split metric exports into requests of at most this many bytes "
+        "(collectors' gRPC receive limit is often 4 MiB)",
+    )  # fmt: skip
+    otlp_bridge_retry_s: float | None = Field(
+        None, gt=0,
+        description="Direct path: keep retrying a failed request (exponential backoff from 0.5 s) this long, "
+        "then drop and count its points; unset: the export interval",
+    )  # fmt: skip
+    otlp_bridge_naming: Literal["otel", "dcgm"] = Field(
+        "otel",
+        description="Metric names: otel (semantic conventions + gpuwarden.*) or dcgm (dcgm-exporter DCGM_FI_* "
+        "names and labels incl. hpc_job, for existing dashboards; OTLP and /metrics)",
+    )  # fmt: skip
+
+    @field_validator("otlp_bridge_compression", mode="before")
+    @classmethod
+    def _compression(cls, v: object) -> object:
+        return v.strip().lower() if isinstance(v, str) else v
+
     @field_validator("otlp_bridge_protocol", mode="before")
     @classmethod
     def _protocol(cls, v: object) -> object:

@@ -21,18 +21,32 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpuwarden.shared.models import AttributedSample, Failure, FailureState, GpuAttribution, GpuSample
+from gpuwarden.shared.models import (
+    AttributedEvent,
+    AttributedSample,
+    Failure,
+    FailureState,
+    GpuAttribution,
+    GpuSample,
+    NodeState,
+    Severity,
+)
 
 from .mapping import (
     AttrValue,
+    GpuView,
+    error_type_of,
     failure_labels,
     failure_metric_attributes,
     gpu_attributes,
     jobs_by_index,
+    node_state_key,
     prom_gpu_labels,
 )
 
 __all__ = ["GpuEntry", "LatestStore", "OpenFailureGroup"]
+
+_SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2, Severity.FATAL: 3}
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +72,15 @@ class OpenFailureGroup:
 
 
 class LatestStore:
-    """Latest value per (node, gpu), open failures, and failures counted per
-    (pattern, severity, node). See the module docstring for staleness."""
+    """Latest value per (node, gpu), open failures, failures counted per (pattern, severity,
+    node), XID/SXID counts per GPU and the last state of each Slurm node. See the module
+    docstring for staleness.
+
+    Memory is bounded: at most ``max_gpus`` GPUs (a sample of a GPU beyond that is refused
+    and counted in ``gpus_refused``), ``max_nodes`` node states, ``seen_failures_max``
+    failure ids and ``seen_events_max`` event ids (LRU). Event counts of a GPU are dropped
+    with the GPU when it goes stale.
+    """
 
     def __init__(
         self,
@@ -68,7 +89,18 @@ class LatestStore:
         max_future_s: float = 300.0,
         seen_failures_max: int = 100_000,
         clock: Callable[[], float] = time.time,
+        max_gpus: int = 100_000,
+        max_nodes: int = 50_000,
+        seen_events_max: int = 100_000,
     ) -> None:
+        self.max_gpus = max_gpus
+        self.max_nodes = max_nodes
+        self._seen_events_max = seen_events_max
+        self._seen_events: OrderedDict[str, None] = OrderedDict()
+        self._event_errors: dict[tuple[str, int], dict[str, int]] = {}
+        self._node_states: OrderedDict[str, tuple[float, tuple[str, tuple[str, ...], str | None]]] = OrderedDict()
+        self.gpus_refused = 0
+        self.nodes_forgotten = 0
         self.staleness_s = staleness_s
         self.failure_ttl_s = failure_ttl_s
         self.max_future_s = max_future_s
@@ -101,12 +133,15 @@ class LatestStore:
                 old = self._gpus.get(key)
                 if old is not None and old.ts > sample.ts:
                     continue  # out of order: keep the newer reading
+                if old is None and len(self._gpus) >= self.max_gpus:
+                    self.gpus_refused += 1
+                    continue
                 job = jobs.get(g.index)
-                self._gpus[key] = GpuEntry(
-                    sample.node, g.index, sample.ts, g, job,
-                    gpu_attributes(sample.node, g, job, sample.driver_version),
-                    prom_gpu_labels(sample.node, g, job),
-                )  # fmt: skip
+                attrs = gpu_attributes(sample.node, g, job, sample.driver_version)
+                labels = prom_gpu_labels(sample.node, g, job)
+                if old is not None and old.labels == labels and old.attributes == attrs:
+                    attrs, labels = old.attributes, old.labels  # same identity: exporters cache per dict
+                self._gpus[key] = GpuEntry(sample.node, g.index, sample.ts, g, job, attrs, labels)
                 stored += 1
         return stored
 
@@ -140,6 +175,48 @@ class LatestStore:
                 self._open[f.failure_id] = f
             return new
 
+    def update_event(self, e: AttributedEvent) -> tuple[bool, str | None]:
+        """Count an XID/SXID event on its GPU (each ``event_id`` once).
+
+        Returns (new: the event id was not seen before, the ``error.type`` it was counted
+        as or None: duplicate, no GPU index, or a kind that is not counted).
+        """
+        ev = e.event
+        etype = error_type_of(e)
+        with self._lock:
+            self._advance(ev.ts)
+            if ev.event_id in self._seen_events:
+                self._seen_events.move_to_end(ev.event_id)
+                return False, None
+            self._seen_events[ev.event_id] = None
+            if len(self._seen_events) > self._seen_events_max:
+                self._seen_events.popitem(last=False)
+            if etype is None or ev.gpu_index is None:
+                return True, None
+            key = (ev.node, ev.gpu_index)
+            if key not in self._event_errors and len(self._event_errors) >= self.max_gpus:
+                self.gpus_refused += 1
+                return True, None
+            counts = self._event_errors.setdefault(key, {})
+            counts[etype] = counts.get(etype, 0) + 1
+            return True, etype
+
+    def update_node_state(self, ns: NodeState) -> bool:
+        """Remember the node's state; True when it changed (or the node is new), i.e. when
+        it deserves a log record. An older message than the one stored is ignored (False)."""
+        key = node_state_key(ns)
+        with self._lock:
+            self._advance(ns.ts)
+            old = self._node_states.get(ns.node)
+            if old is not None and old[0] > ns.ts:
+                return False
+            self._node_states[ns.node] = (ns.ts, key)
+            self._node_states.move_to_end(ns.node)
+            if len(self._node_states) > self.max_nodes:
+                self._node_states.popitem(last=False)
+                self.nodes_forgotten += 1
+            return old is None or old[1] != key
+
     # -- reads (each prunes first) ------------------------------------------------------
     def prune(self) -> int:
         """Drop stale GPUs and expired open failures; returns how many were dropped."""
@@ -152,6 +229,7 @@ class LatestStore:
         stale = [k for k, e in self._gpus.items() if e.ts < gpu_cut]
         for k in stale:
             del self._gpus[k]
+            self._event_errors.pop(k, None)
         expired = [fid for fid, f in self._open.items() if f.last_seen < fail_cut]
         for fid in expired:
             del self._open[fid]
@@ -162,6 +240,27 @@ class LatestStore:
         with self._lock:
             self._prune_locked()
             return list(self._gpus.values())
+
+    def views(self) -> list[tuple[GpuEntry, GpuView]]:
+        """The current GPU entries, each with its :class:`GpuView` (event error counts and
+        the worst severity of the failures open on it)."""
+        with self._lock:
+            self._prune_locked()
+            entries = list(self._gpus.values())
+            errors = {k: dict(v) for k, v in self._event_errors.items()}
+            worst: dict[tuple[str, int], Severity] = {}
+            for f in self._open.values():
+                if f.gpu_index is None:
+                    continue
+                k = (f.node, f.gpu_index)
+                if k not in worst or _SEVERITY_RANK[f.severity] > _SEVERITY_RANK[worst[k]]:
+                    worst[k] = f.severity
+        empty: dict[str, int] = {}
+        out = []
+        for e in entries:
+            k = (e.node, e.index)
+            out.append((e, GpuView(e.gpu, errors.get(k, empty), worst.get(k))))
+        return out
 
     def open_failures(self) -> list[OpenFailureGroup]:
         """Open, unexpired failures grouped by their Prometheus label set."""
