@@ -18,7 +18,8 @@ def describe_settings_error(exc: ValidationError, prefix: str = "GPUWARDEN_") ->
         field = "_".join(str(p) for p in e["loc"]) or "?"
         got = e.get("input")
         shown = f"={got!r}" if isinstance(got, str | int | float) else ""
-        lines.append(f"{prefix}{field.upper()}{shown}: {e['msg']}")
+        name = field.upper() if field.upper().startswith(prefix) else f"{prefix}{field.upper()}"
+        lines.append(f"{name}{shown}: {e['msg']}")
     return "invalid settings: " + "; ".join(lines)
 
 

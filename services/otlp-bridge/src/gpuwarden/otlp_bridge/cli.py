@@ -26,5 +26,4 @@ def run(ctx: typer.Context) -> None:
     from .service import create_service
     from .settings import OtlpBridgeSettings
 
-    settings = OtlpBridgeSettings()
-    raise typer.Exit(run_service(lambda: create_service(settings), settings.log_level))
+    raise typer.Exit(run_service(lambda: create_service(OtlpBridgeSettings())))

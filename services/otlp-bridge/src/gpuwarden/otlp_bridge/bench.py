@@ -1,0 +1,176 @@
+"""``gpuwarden bench bridge``: OTLP data points exported per CPU-second for a simulated fleet.
+
+Each cycle re-ingests one sample per node (new event time, same jobs) and exports the
+whole store over OTLP/gRPC to a sink in a child process (it accepts requests without
+decoding them, so its CPU is not counted). CPU time is this process's
+(``time.process_time``: all its threads, including gRPC's). Prints figures; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import pstats
+import subprocess
+import sys
+import time
+from typing import TYPE_CHECKING
+
+import typer
+
+from gpuwarden.shared.models import AttributedSample, GpuAttribution, GpuSample, NodeSample
+
+if TYPE_CHECKING:
+    from .bridge import OtlpBridge
+
+__all__ = ["bridge", "fleet"]
+
+_SINK = r"""
+import sys, time
+from concurrent import futures
+import grpc
+def export(request, context):
+    return b""
+handler = grpc.method_handlers_generic_handler("opentelemetry.proto.collector.metrics.v1.MetricsService",
+    {"Export": grpc.unary_unary_rpc_method_handler(export)})
+server = grpc.server(futures.ThreadPoolExecutor(max_workers=2),
+                     options=[("grpc.max_receive_message_length", 512 * 1024 * 1024)])
+server.add_generic_rpc_handlers((handler,))
+port = server.add_insecure_port("127.0.0.1:0")
+server.start()
+print(port, flush=True)
+sys.stdin.read()
+server.stop(None)
+"""
+
+
+def fleet(nodes: int, gpus: int, ts: float) -> list[AttributedSample]:
+    """``nodes`` attributed samples of ``gpus`` fully populated GPUs, each GPU held by a job."""
+    out = []
+    for n in range(nodes):
+        gs = [
+            GpuSample(
+                index=i,
+                uuid=f"GPU-{n:05d}-{i}",
+                pci_bus_id=f"0000:{i + 1:02x}:00.0",
+                name="NVIDIA H100 80GB HBM3",
+                utilization_gpu_pct=87.5,
+                utilization_memory_pct=40.0,
+                memory_used_mib=40960,
+                memory_total_mib=81920,
+                temperature_c=71,
+                memory_temperature_c=80,
+                power_w=612.5,
+                power_limit_w=700,
+                sm_clock_mhz=1980,
+                memory_clock_mhz=2619,
+                energy_j=123456.0,
+                ecc_sbe_volatile=0,
+                ecc_dbe_volatile=0,
+                pcie_replay_count=0,
+                pcie_link_gen=5,
+                pcie_link_width=16,
+                throttle_reasons=["sw_power_cap"],
+            )
+            for i in range(gpus)
+        ]
+        jobs = [
+            GpuAttribution(gpu_index=i, job_id=str(100_000 + n), user=f"user{n % 50}", partition="gpu", account="a")
+            for i in range(gpus)
+        ]
+        sample = NodeSample(node=f"node{n:05d}", ts=ts, collector_id="bench", source="simulated", gpus=gs,
+                            driver_version="550.54.15")  # fmt: skip
+        out.append(AttributedSample(sample=sample, jobs=jobs))
+    return out
+
+
+def bridge(
+    nodes: int = typer.Option(1000, help="nodes in the fleet"),
+    gpus: int = typer.Option(8, help="GPUs per node"),
+    cycles: int = typer.Option(3, help="export cycles measured per path (after one warm-up)"),
+    sdk: bool = typer.Option(True, help="also measure the OpenTelemetry SDK path"),
+    profile: bool = typer.Option(False, help="print the top functions (cProfile) of each path"),
+) -> None:
+    """OTLP data points exported per CPU-second: direct path vs the SDK path."""
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+    from .bridge import OtlpBridge, build_resource
+    from .direct import GrpcTransport
+
+    sink = subprocess.Popen([sys.executable, "-c", _SINK], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert sink.stdout is not None
+        endpoint = f"127.0.0.1:{sink.stdout.readline().strip()}"
+        t0 = time.time()
+        samples = [fleet(nodes, gpus, t0 + c) for c in range(cycles + 1)]
+        typer.echo(f"fleet: {nodes} nodes x {gpus} GPUs; sink {endpoint}; {cycles} cycles (+1 warm-up)")
+
+        def run(name: str, b: OtlpBridge) -> float:
+            b.start()
+            ingest = export = 0.0
+            points = 0
+            prof = cProfile.Profile() if profile else None
+            try:
+                for c in range(cycles + 1):
+                    t = time.process_time()
+                    for s in samples[c]:
+                        b.on_sample(s)
+                    ti = time.process_time() - t
+                    if prof is not None and c > 0:
+                        prof.enable()
+                    t = time.process_time()
+                    ok = b.force_flush(120)
+                    te = time.process_time() - t
+                    if prof is not None:
+                        prof.disable()
+                    if c == 0:
+                        continue  # warm-up: attribute encodings, connections
+                    ingest, export = ingest + ti, export + te
+                    points += b.direct_exporters[0].stats.last_export_points if b.direct_exporters else _sdk_points(b)
+                    if not ok:
+                        typer.echo(f"  {name}: an export failed")
+            finally:
+                b.stop(30)
+            per = points / export if export else float("nan")
+            typer.echo(
+                f"{name}: {points / cycles:,.0f} points per export; export {export / cycles * 1000:,.0f} ms CPU "
+                f"-> {per:,.0f} points per CPU-second; ingest {ingest / cycles * 1000:,.0f} ms CPU per cycle "
+                f"({nodes * gpus * cycles / ingest if ingest else 0:,.0f} GPU samples per CPU-second)"
+            )
+            if prof is not None:
+                out = io.StringIO()
+                pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(15)
+                typer.echo(out.getvalue())
+            return per
+
+        res = build_resource("gpuwarden-bench")
+        direct = run("direct", OtlpBridge(resource=res, metric_transports=[GrpcTransport(endpoint, insecure=True)],
+                                          export_interval_s=3600))  # fmt: skip
+        if sdk:
+            reader = PeriodicExportingMetricReader(
+                OTLPMetricExporter(endpoint=endpoint, insecure=True, timeout=120),
+                export_interval_millis=3_600_000,
+                export_timeout_millis=120_000,
+            )
+            plain = run("sdk", OtlpBridge(resource=res, metric_readers=[reader]))
+            typer.echo(f"direct / sdk: {direct / plain:.1f}x")
+    finally:
+        if sink.stdin is not None:
+            sink.stdin.close()
+        try:
+            sink.wait(10)
+        except subprocess.TimeoutExpired:
+            sink.kill()
+            sink.wait(5)
+
+
+def _sdk_points(b: OtlpBridge) -> int:
+    """Points one export of the SDK path carries (same store, same catalog)."""
+    from .direct import MetricEncoder
+
+    enc = MetricEncoder(b.resource, "count", "0")
+    _, n = enc.encode(
+        b.store.views(), b.store.failure_counts(), [(g.attributes, g.count) for g in b.store.open_failures()]
+    )
+    return n

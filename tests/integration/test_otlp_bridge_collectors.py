@@ -1,0 +1,335 @@
+"""The otlp-bridge against real collectors: rotel (OTLP, gRPC and HTTP in) forwarding to an
+in-process OTLP receiver, and Debian's Prometheus scraping ``/metrics``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuwarden.otlp_bridge import OtlpBridge, OtlpBridgeSettings, build_otlp_exporters, build_resource
+from gpuwarden.shared.models import (
+    Action,
+    AttributedEvent,
+    AttributedSample,
+    Category,
+    CostEstimate,
+    EventKind,
+    Failure,
+    GpuAttribution,
+    GpuEvent,
+    GpuSample,
+    NodeSample,
+    NodeState,
+    Severity,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "otlp"))
+from receiver import OtlpReceiver
+
+pytestmark = pytest.mark.integration
+
+MIB = 1024 * 1024
+TS = time.time() - 5  # event time close to now (the store ignores far-future stamps)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rotel_binary() -> str:
+    import rotel
+
+    path = Path(rotel.__file__).parent / "rotel-agent"
+    if not path.exists():  # pragma: no cover - the pinned wheel ships it
+        pytest.fail(f"rotel==0.0.1a15 is pinned in requirements-dev.txt but {path} is missing")
+    return str(path)
+
+
+def wait_port(port: int, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port}")
+
+
+@pytest.fixture
+def receiver() -> Iterator[OtlpReceiver]:
+    with OtlpReceiver() as r:
+        yield r
+
+
+@pytest.fixture
+def rotel(receiver: OtlpReceiver, tmp_path: Path) -> Iterator[dict[str, int]]:
+    """rotel-agent with batching off: OTLP in on gRPC and HTTP, OTLP/gRPC out to ``receiver``."""
+    grpc_port, http_port = free_port(), free_port()
+    argv = [
+        rotel_binary(), "start",
+        "--otlp-grpc-endpoint", f"127.0.0.1:{grpc_port}",
+        "--otlp-http-endpoint", f"127.0.0.1:{http_port}",
+        "--disable-batching",
+        "--exporter", "otlp",
+        "--otlp-exporter-endpoint", f"http://{receiver.endpoint}",
+        "--otlp-exporter-protocol", "grpc",
+        "--pid-file", str(tmp_path / "rotel.pid"),
+        "--log-file", str(tmp_path / "rotel.log"),
+    ]  # fmt: skip
+    log = (tmp_path / "rotel.out").open("wb")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_port(grpc_port)
+        wait_port(http_port)
+        yield {"grpc": grpc_port, "http": http_port}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        log.close()
+
+
+def gpu(index: int) -> GpuSample:
+    return GpuSample(
+        index=index, uuid=f"GPU-{index}", pci_bus_id=f"0000:{index + 1:02x}:00.0", name="NVIDIA H100",
+        utilization_gpu_pct=50.0, memory_used_mib=1024, memory_total_mib=81920, temperature_c=60.0,
+        power_w=300.0, energy_j=1000.0, ecc_sbe_volatile=3, ecc_dbe_volatile=0, pcie_replay_count=7,
+        pcie_link_gen=5, pcie_link_width=16, throttle_reasons=["sw_power_cap"],
+    )  # fmt: skip
+
+
+JOB = GpuAttribution(gpu_index=0, job_id="42", user="alice", partition="gpu", account="proj")
+
+
+def attributed() -> AttributedSample:
+    return AttributedSample(
+        sample=NodeSample(node="n1", ts=TS, collector_id="c", source="simulated", gpus=[gpu(0), gpu(1)],
+                          driver_version="550.54.15"),
+        jobs=[JOB],
+    )  # fmt: skip
+
+
+def a_failure() -> Failure:
+    return Failure(
+        failure_id="f1", pattern="gpu-fallen-off-bus", rule_id="xid-79", category=Category.HARDWARE,
+        severity=Severity.CRITICAL, node="n1", gpu_index=0, gpu_uuid="GPU-0", job_id="42", user="alice",
+        partition="gpu", first_seen=TS - 10, last_seen=TS - 2, verdict="GPU 0 fell off the bus",
+        recommended_action=Action.DRAIN, cost=CostEstimate(affected_gpus=1, usd_per_hour=2.5, gpu_hours_lost=0.01),
+    )  # fmt: skip
+
+
+def an_xid() -> AttributedEvent:
+    raw = "NVRM: Xid (PCI:0000:01:00): 79, pid=123, GPU has fallen off the bus."
+    return AttributedEvent(
+        event=GpuEvent(event_id="e1", node="n1", ts=TS - 3, kind=EventKind.XID, code=79, gpu_index=0,
+                       pci_bus_id="0000:01:00.0", gpu_uuid="GPU-0", message="GPU has fallen off the bus.",
+                       raw=raw, source="kmsg"),
+        job=JOB,
+    )  # fmt: skip
+
+
+def run_bridge(protocol: str, endpoint: str, path: str) -> OtlpBridge:
+    settings = OtlpBridgeSettings(
+        otlp_bridge_endpoint=endpoint, otlp_bridge_protocol=protocol, otlp_bridge_insecure=True,
+        otlp_bridge_export_interval_s=3600, otlp_bridge_headers="x-tenant=hpc", otlp_bridge_metrics_path=path,
+    )  # fmt: skip
+    readers, exporters, transports = build_otlp_exporters(settings)
+    bridge = OtlpBridge(
+        resource=build_resource("bridge-test", {"slurm.cluster.name": "c1"}), metric_readers=readers,
+        log_exporters=exporters, metric_transports=transports, log_processor="simple", export_interval_s=3600,
+    )  # fmt: skip
+    bridge.start()
+    bridge.on_sample(attributed())
+    bridge.on_event(an_xid())
+    bridge.on_failure(a_failure())
+    bridge.on_node_state(NodeState(node="n1", ts=TS - 1, state="DOWN", flags=["DRAIN"], reason="xid 79"))
+    assert bridge.force_flush(20)
+    return bridge
+
+
+def points_by(metric: dict[str, Any], **match: Any) -> list[tuple[dict[str, Any], Any]]:
+    return [(a, v) for a, v, _ in metric["points"] if all(a.get(k) == x for k, x in match.items())]
+
+
+@pytest.mark.parametrize("path", ["direct", "sdk"])
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_rotel_forwards_exact_names_units_attributes_and_values(
+    protocol: str, path: str, rotel: dict[str, int], receiver: OtlpReceiver
+) -> None:
+    port = rotel["grpc"] if protocol == "grpc" else rotel["http"]
+    bridge = run_bridge(protocol, f"http://127.0.0.1:{port}", path)
+    try:
+        assert receiver.wait(lambda r: "hw.gpu.utilization" in r.metric_points() and len(r.log_records()) >= 3)
+    finally:
+        bridge.stop(10)
+    m = receiver.metric_points()
+
+    util = m["hw.gpu.utilization"]
+    assert (util["unit"], util["kind"]) == ("1", "gauge")
+    assert util["resource"]["service.name"] == "bridge-test"
+    assert util["resource"]["slurm.cluster.name"] == "c1"
+    assert "host.name" not in util["resource"] and "hw.id" not in util["resource"]
+    [(attrs0, v0)] = points_by(util, **{"hw.id": "GPU-0"})
+    assert v0 == pytest.approx(0.5)
+    assert attrs0 == {
+        "host.name": "n1", "hw.id": "GPU-0", "hw.type": "gpu", "hw.name": "nvidia0", "gpu.index": 0,
+        "gpu.uuid": "GPU-0", "gpu.pci_bus_id": "0000:01:00.0", "hw.model": "NVIDIA H100",
+        "hw.driver_version": "550.54.15", "hw.gpu.task": "general",
+        "slurm.job.id": "42", "slurm.user": "alice", "slurm.partition": "gpu", "slurm.account": "proj",
+    }  # fmt: skip
+    [(attrs1, _)] = points_by(util, **{"hw.id": "GPU-1"})
+    assert "slurm.job.id" not in attrs1
+
+    usage = m["hw.gpu.memory.usage"]
+    assert (usage["unit"], usage["kind"], usage["monotonic"]) == ("By", "sum", False)
+    assert [v for _, v in points_by(usage, **{"hw.id": "GPU-0"})] == [1024 * MIB]
+    limit = m["hw.gpu.memory.limit"]
+    assert [v for _, v in points_by(limit, **{"hw.id": "GPU-0"})] == [81920 * MIB]
+    temp = m["hw.temperature"]
+    assert temp["unit"] == "Cel"
+    [(tattrs, tv)] = points_by(temp, **{"hw.parent": "GPU-0"})
+    assert (tattrs["hw.id"], tattrs["hw.type"], tv) == ("GPU-0/temperature/gpu", "temperature", 60.0)
+    assert [v for _, v in points_by(m["hw.power"], **{"hw.id": "GPU-0"})] == [300.0]
+    assert m["hw.power"]["unit"] == "W"
+    energy = m["hw.energy"]
+    assert (energy["unit"], energy["kind"], energy["monotonic"]) == ("J", "sum", True)
+    assert [v for _, v in points_by(energy, **{"hw.id": "GPU-0"})] == [1000.0]
+
+    errors = m["hw.errors"]
+    assert (errors["unit"], errors["kind"], errors["monotonic"]) == ("{error}", "sum", True)
+    by_type = {a["error.type"]: v for a, v in points_by(errors, **{"hw.id": "GPU-0"})}
+    assert by_type == {"corrected": 3, "uncorrected": 0, "pcie_replay": 7, "xid_79": 1}
+    status = m["hw.status"]
+    assert (status["unit"], status["kind"], status["monotonic"]) == ("1", "sum", False)
+    states = {a["hw.state"]: v for a, v in points_by(status, **{"hw.id": "GPU-0"})}
+    assert states == {"ok": 0, "degraded": 0, "failed": 1, "predicted_failure": 0}  # open critical failure
+    states1 = {a["hw.state"]: v for a, v in points_by(status, **{"hw.id": "GPU-1"})}
+    assert states1 == {"ok": 1, "degraded": 0, "failed": 0, "predicted_failure": 0}
+    throttle = points_by(m["gpuwarden.gpu.throttle.active"], **{"hw.id": "GPU-0"})
+    assert [(a["gpuwarden.throttle.reason"], v) for a, v in throttle] == [("sw_power_cap", 1)]
+    assert [v for _, v in points_by(m["gpuwarden.gpu.pcie.link.width"], **{"hw.id": "GPU-0"})] == [16]
+    fails = m["gpuwarden.failures"]
+    assert [(a["gpuwarden.failure.pattern"], v) for a, v in points_by(fails)] == [("gpu-fallen-off-bus", 1)]
+
+    logs = {r["event_name"] or r["attributes"].get("event.name"): r for r in receiver.log_records()}
+    f = logs["gpuwarden.failure"]
+    assert f["body"] == "GPU 0 fell off the bus"
+    assert (f["severity_number"], f["severity_text"]) == (17, "ERROR")
+    assert f["time_ns"] == round((TS - 2) * 1e9)
+    assert f["attributes"]["gpuwarden.failure.pattern"] == "gpu-fallen-off-bus"
+    assert f["attributes"]["slurm.job.id"] == "42"
+    assert f["attributes"]["hw.id"] == "GPU-0"
+    assert json.loads(f["attributes"]["gpuwarden.failure.evidence"]) == []
+    assert f["resource"]["service.name"] == "bridge-test"
+    x = logs["gpuwarden.gpu.xid"]
+    assert x["body"] == an_xid().event.raw
+    assert x["attributes"]["gpu.xid"] == 79
+    assert x["attributes"]["slurm.job.id"] == "42"
+    assert x["time_ns"] == round((TS - 3) * 1e9)
+    n = logs["gpuwarden.node.state"]
+    assert n["body"] == "n1: DOWN+DRAIN (xid 79)"
+    assert n["attributes"]["slurm.node.state"] == "DOWN"
+    assert n["attributes"]["slurm.node.flags"] == ["DRAIN"]
+
+
+# -- Prometheus ------------------------------------------------------------------------
+
+
+def http_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+@pytest.fixture
+def bridge_metrics_port() -> Iterator[tuple[OtlpBridge, int]]:
+    """A bridge (no OTLP) with its collector served on ``/metrics`` on a free loopback port."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    bridge = OtlpBridge(resource=build_resource("bridge-test"))
+    registry = CollectorRegistry()
+    registry.register(bridge.collector)
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+    try:
+        yield bridge, port
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+@pytest.fixture
+def prometheus(bridge_metrics_port: tuple[OtlpBridge, int], tmp_path: Path) -> Iterator[int]:
+    """Debian's Prometheus scraping the bridge every second; yields its HTTP port."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("Debian package prometheus not installed (listed in deploy/debian-packages.txt)")
+    _, target = bridge_metrics_port
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        "scrape_configs:\n"
+        f"  - job_name: gpuwarden-otlp-bridge\n    static_configs: [{{targets: ['127.0.0.1:{target}']}}]\n"
+    )
+    log = (tmp_path / "prometheus.log").open("wb")
+    proc = subprocess.Popen(
+        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        wait_port(port, 30)
+        yield port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        log.close()
+
+
+def test_prometheus_scrapes_the_gpu_series_with_job_labels(
+    prometheus: int, bridge_metrics_port: tuple[OtlpBridge, int]
+) -> None:
+    bridge, _ = bridge_metrics_port
+    bridge.on_sample(attributed())
+    bridge.on_event(an_xid())
+    query = urllib.parse.quote('gpuwarden_gpu_utilization_ratio{job_id="42"}')
+    url = f"http://127.0.0.1:{prometheus}/api/v1/query?query={query}"
+    deadline = time.monotonic() + 30
+    result: list[Any] = []
+    while time.monotonic() < deadline and not result:
+        result = http_json(url)["data"]["result"]
+        time.sleep(0.3)
+    assert len(result) == 1
+    labels = result[0]["metric"]
+    assert labels == {
+        "__name__": "gpuwarden_gpu_utilization_ratio", "instance": labels["instance"],
+        "job": "gpuwarden-otlp-bridge", "node": "n1", "gpu": "0", "uuid": "GPU-0",
+        "pci_bus_id": "0000:01:00.0", "model": "NVIDIA H100", "job_id": "42", "user": "alice", "partition": "gpu",
+    }  # fmt: skip
+    assert float(result[0]["value"][1]) == 0.5
+    q = urllib.parse.quote('sum by (job_id, error_type) (gpuwarden_gpu_errors_total{node="n1"})')
+    errors = http_json(f"http://127.0.0.1:{prometheus}/api/v1/query?query={q}")["data"]["result"]
+    got = {(r["metric"].get("job_id", ""), r["metric"]["error_type"]): float(r["value"][1]) for r in errors}
+    assert got == {("42", "corrected"): 3, ("42", "uncorrected"): 0, ("42", "pcie_replay"): 7, ("42", "xid_79"): 1,
+                   ("", "corrected"): 3, ("", "uncorrected"): 0, ("", "pcie_replay"): 7}  # fmt: skip

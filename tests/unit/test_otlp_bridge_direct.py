@@ -1,0 +1,479 @@
+"""The otlp-bridge's direct metric path, new signals (hw.errors, hw.status, XID and node-state
+logs), dcgm naming, bounds and export accounting. Network only on loopback, in-process."""
+
+from __future__ import annotations
+
+import gzip
+import http.server
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+from opentelemetry.sdk._logs.export import InMemoryLogExporter, LogRecordExporter, LogRecordExportResult
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.resources import Resource
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuwarden.otlp_bridge import OtlpBridge, OtlpBridgeService, OtlpBridgeSettings
+from gpuwarden.otlp_bridge.direct import (
+    DirectMetricExporter,
+    ExportError,
+    GrpcTransport,
+    HttpTransport,
+    MetricEncoder,
+    RetryableExportError,
+)
+from gpuwarden.otlp_bridge.mapping import (
+    DCGM_LABELS,
+    GpuView,
+    dcgm_labels,
+    error_counts,
+    event_log,
+    gpu_state,
+    node_state_log,
+)
+from gpuwarden.otlp_bridge.store import LatestStore
+from gpuwarden.shared.models import (
+    Action,
+    AttributedEvent,
+    AttributedSample,
+    Category,
+    CostEstimate,
+    EventKind,
+    Failure,
+    GpuAttribution,
+    GpuEvent,
+    GpuSample,
+    NodeSample,
+    NodeState,
+    Severity,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "otlp"))
+from receiver import OtlpReceiver, any_value
+
+NOW = 10_000.0
+JOB = GpuAttribution(gpu_index=0, job_id="42", user="alice", partition="gpu")
+
+
+def gpu(index: int, **kw: Any) -> GpuSample:
+    base: dict[str, Any] = dict(
+        index=index, uuid=f"GPU-{index}", pci_bus_id=f"0000:{index:02x}:00.0", name="NVIDIA H100",
+        utilization_gpu_pct=50.0, utilization_memory_pct=10.0, memory_used_mib=1024, memory_total_mib=81920,
+        temperature_c=60.0, memory_temperature_c=70.0, power_w=300.0, power_limit_w=700.0, sm_clock_mhz=1980,
+        memory_clock_mhz=2619, energy_j=1000.0, ecc_sbe_volatile=3, ecc_dbe_volatile=0, pcie_replay_count=7,
+        pcie_link_gen=5, pcie_link_width=16, throttle_reasons=["sw_power_cap", "sw_thermal_slowdown"],
+    )  # fmt: skip
+    base.update(kw)
+    return GpuSample(**base)
+
+
+def sample(
+    node: str = "n1", ts: float = NOW, gpus: list[GpuSample] | None = None, jobs: Any = None
+) -> AttributedSample:
+    return AttributedSample(
+        sample=NodeSample(node=node, ts=ts, collector_id="c", source="simulated", gpus=gpus or [gpu(0), gpu(1)],
+                          driver_version="550.54.15"),
+        jobs=[JOB] if jobs is None else jobs,
+    )  # fmt: skip
+
+
+def xid(
+    event_id: str = "e1", code: int = 79, gpu_index: int | None = 0, kind: EventKind = EventKind.XID
+) -> AttributedEvent:
+    return AttributedEvent(
+        event=GpuEvent(event_id=event_id, node="n1", ts=NOW - 1, kind=kind, code=code, gpu_index=gpu_index,
+                       pci_bus_id="0000:00:00.0", gpu_uuid="GPU-0", pid=123, process_name="python",
+                       message="GPU has fallen off the bus.", raw=f"NVRM: Xid (PCI:0000:00:00): {code}, ...",
+                       source="kmsg"),
+        job=JOB,
+    )  # fmt: skip
+
+
+def failure(severity: Severity = Severity.CRITICAL, **kw: Any) -> Failure:
+    base: dict[str, Any] = dict(
+        failure_id="f1", pattern="gpu-fallen-off-bus", rule_id="xid-79", category=Category.HARDWARE,
+        severity=severity, node="n1", gpu_index=0, gpu_uuid="GPU-0", first_seen=NOW - 10, last_seen=NOW - 2,
+        verdict="GPU 0 fell off the bus", recommended_action=Action.DRAIN,
+        cost=CostEstimate(affected_gpus=1, usd_per_hour=2.5, gpu_hours_lost=0.01),
+    )  # fmt: skip
+    base.update(kw)
+    return Failure(**base)
+
+
+def decode(requests: list[tuple[bytes, int]]) -> dict[str, dict[str, Any]]:
+    """{name: {"unit", "kind", "monotonic", "points": {frozenset(attrs): value}}} of encoded requests."""
+    out: dict[str, dict[str, Any]] = {}
+    for body, _ in requests:
+        req = metrics_service_pb2.ExportMetricsServiceRequest.FromString(body)
+        for rm in req.resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    kind = m.WhichOneof("data")
+                    data = getattr(m, kind)
+                    entry = out.setdefault(m.name, {"unit": m.unit, "kind": kind, "points": {},
+                                                    "monotonic": getattr(data, "is_monotonic", None)})  # fmt: skip
+                    for p in data.data_points:
+                        attrs = frozenset((kv.key, _hashable(any_value(kv.value))) for kv in p.attributes)
+                        entry["points"][attrs] = p.as_double
+    return out
+
+
+def _hashable(v: Any) -> Any:
+    return tuple(v) if isinstance(v, list) else v
+
+
+def sdk_points(bridge: OtlpBridge, reader: InMemoryMetricReader) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    data = reader.get_metrics_data()
+    for rm in data.resource_metrics if data else []:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                kind = type(m.data).__name__.lower()
+                entry = out.setdefault(m.name, {"unit": m.unit, "kind": kind, "points": {},
+                                                "monotonic": getattr(m.data, "is_monotonic", None)})  # fmt: skip
+                for p in m.data.data_points:
+                    attrs = frozenset((k, _hashable(v)) for k, v in p.attributes.items())
+                    entry["points"][attrs] = float(p.value)
+    return out
+
+
+@pytest.fixture
+def sdk_bridge() -> Iterator[tuple[OtlpBridge, InMemoryMetricReader, InMemoryLogExporter]]:
+    reader, logs = InMemoryMetricReader(), InMemoryLogExporter()
+    b = OtlpBridge(resource=Resource({"service.name": "t"}), metric_readers=[reader], log_exporters=[logs],
+                   log_processor="simple", clock=lambda: NOW)  # fmt: skip
+    b.start()
+    yield b, reader, logs
+    b.stop()
+
+
+def test_direct_encoding_equals_the_sdk_path(sdk_bridge: tuple[OtlpBridge, InMemoryMetricReader, Any]) -> None:
+    b, reader, _ = sdk_bridge
+    b.on_sample(sample())
+    b.on_event(xid())
+    b.on_failure(failure())
+    sdk = sdk_points(b, reader)
+    enc = MetricEncoder(b.resource, "s", "1")
+    requests, n = enc.encode(b.store.views(), b.store.failure_counts(),
+                             [(g.attributes, g.count) for g in b.store.open_failures()])  # fmt: skip
+    direct = decode(requests)
+    assert set(direct) == set(sdk)
+    kinds = {"gauge": "gauge", "sum": "sum"}
+    for name, d in direct.items():
+        s = sdk[name]
+        assert (d["unit"], kinds[d["kind"]], d["monotonic"]) == (s["unit"], s["kind"], s["monotonic"]), name
+        assert d["points"] == pytest.approx(s["points"]), name
+    assert n == sum(len(d["points"]) for d in direct.values())
+    errors = {dict(a)["error.type"]: v for a, v in direct["hw.errors"]["points"].items() if dict(a)["hw.id"] == "GPU-0"}
+    assert errors == {"corrected": 3, "uncorrected": 0, "pcie_replay": 7, "xid_79": 1}
+
+
+def test_requests_are_split_under_the_size_limit() -> None:
+    store = LatestStore(clock=lambda: NOW)
+    for n in range(20):
+        store.update_sample(sample(f"n{n}", gpus=[gpu(i) for i in range(8)], jobs=[]))
+    one = MetricEncoder(Resource({"service.name": "t"}), "s", "1").encode(store.views())
+    enc = MetricEncoder(Resource({"service.name": "t"}), "s", "1", max_request_bytes=20_000)
+    requests, n = enc.encode(store.views())
+    assert len(one[0]) == 1 and len(requests) > 5
+    assert all(len(body) <= 20_000 for body, _ in requests)
+    assert sum(k for _, k in requests) == n == one[1]
+    assert decode(requests) == decode(one[0])
+    with pytest.raises(ValueError, match="max_request_bytes"):
+        MetricEncoder(Resource({}), "s", "1", max_request_bytes=100)
+
+
+def test_series_over_the_cardinality_limit_are_reported(
+    sdk_bridge: tuple[OtlpBridge, InMemoryMetricReader, Any],
+) -> None:
+    store = LatestStore(clock=lambda: NOW)
+    store.update_sample(sample(gpus=[gpu(i) for i in range(6)], jobs=[]))
+    enc = MetricEncoder(Resource({}), "s", "1", cardinality_limit=4)
+    requests, _ = enc.encode(store.views())
+    assert enc.series_over_limit["hw.power"] == 2
+    assert enc.series_over_limit["hw.temperature"] == 8  # 6 GPUs x 2 sensors
+    assert len(decode(requests)["hw.power"]["points"]) == 4
+    # the SDK path: points beyond limit - 1 are left out (not folded into overflow) and reported
+    reader = InMemoryMetricReader()
+    b = OtlpBridge(resource=Resource({}), metric_readers=[reader], cardinality_limit=4, clock=lambda: NOW)
+    b.start()
+    try:
+        b.on_sample(sample(gpus=[gpu(i) for i in range(6)], jobs=[]))
+        pts = sdk_points(b, reader)
+        assert len(pts["hw.power"]["points"]) == 3
+        assert not any(("otel.metric.overflow", True) in a for a in pts["hw.power"]["points"])
+        assert b.series_over_limit["hw.power"] == 3
+        reg = CollectorRegistry()
+        reg.register(b.collector)
+        assert 'gpuwarden_otlp_series_over_limit{metric="hw.power"} 3.0' in generate_latest(reg).decode()
+    finally:
+        b.stop()
+
+
+def test_mapping_of_errors_status_events_and_node_states() -> None:
+    g = gpu(0)
+    assert error_counts(GpuView(g, {"xid_79": 2, "sxid_12": 1})) == [
+        ("corrected", 3), ("uncorrected", 0), ("pcie_replay", 7), ("sxid_12", 1), ("xid_79", 2)]  # fmt: skip
+    assert error_counts(GpuView(GpuSample(index=0))) == []
+    assert gpu_state(GpuView(g)) == "ok"
+    assert gpu_state(GpuView(g, worst_open=Severity.WARNING)) == "degraded"
+    assert gpu_state(GpuView(gpu(0, remapped_rows_pending=True))) == "degraded"
+    assert gpu_state(GpuView(gpu(0, ecc_dbe_volatile=1))) == "degraded"
+    assert gpu_state(GpuView(gpu(0, remapped_rows_failure=True))) == "failed"
+    assert gpu_state(GpuView(g, worst_open=Severity.FATAL)) == "failed"
+    rec = event_log(xid())
+    assert (rec.event_name, rec.severity_text, rec.timestamp_ns) == (
+        "gpuwarden.gpu.xid",
+        "WARN",
+        round((NOW - 1) * 1e9),
+    )
+    assert rec.body.startswith("NVRM: Xid")
+    assert rec.attributes["gpu.xid"] == 79 and rec.attributes["slurm.job.id"] == "42"
+    assert rec.attributes["process.pid"] == 123 and rec.attributes["hw.id"] == "GPU-0"
+    lost = event_log(xid(kind=EventKind.GPU_LOST, code=None))  # type: ignore[arg-type]
+    assert (lost.event_name, lost.severity_text) == ("gpuwarden.gpu.gpu_lost", "ERROR")
+    assert "gpu.xid" not in lost.attributes
+    ns = node_state_log(NodeState(node="n1", ts=NOW, state="mixed", flags=["drain"], reason="xid 79",
+                                  partitions=["gpu"]))  # fmt: skip
+    assert (ns.body, ns.severity_text, ns.event_name) == ("n1: MIXED+DRAIN (xid 79)", "WARN", "gpuwarden.node.state")
+    assert ns.attributes["slurm.node.partitions"] == ["gpu"]
+    assert node_state_log(NodeState(node="n1", ts=NOW, state="IDLE")).severity_text == "INFO"
+
+
+def test_xid_events_count_once_and_go_with_their_gpu(sdk_bridge: tuple[OtlpBridge, Any, InMemoryLogExporter]) -> None:
+    b, _, logs = sdk_bridge
+    b.on_sample(sample())
+    b.on_event(xid("e1"))
+    b.on_event(xid("e1"))  # duplicate: neither counted nor logged
+    b.on_event(xid("e2", code=48))
+    b.on_event(xid("e3", kind=EventKind.NVLINK, code=None))  # type: ignore[arg-type]  # logged, not counted
+    b.on_event(xid("e4", gpu_index=None))  # no GPU: logged, not counted
+    assert len(logs.get_finished_logs()) == 4
+    [(_, view0)] = [(e, v) for e, v in b.store.views() if e.index == 0]
+    assert dict(view0.event_errors) == {"xid_79": 1, "xid_48": 1}
+    b.store.staleness_s = 60
+    b.store.update_sample(sample(ts=NOW + 100, gpus=[gpu(1)]))  # GPU 0 goes stale: its counts go too
+    assert [e.index for e, _ in b.store.views()] == [1]
+    assert b.store._event_errors == {}
+
+
+def test_node_state_changes_only_are_logged(sdk_bridge: tuple[OtlpBridge, Any, InMemoryLogExporter]) -> None:
+    b, _, logs = sdk_bridge
+    assert b.on_node_state(NodeState(node="n1", ts=NOW - 30, state="IDLE", snapshot=True))
+    assert not b.on_node_state(NodeState(node="n1", ts=NOW - 20, state="IDLE", snapshot=True))
+    assert b.on_node_state(NodeState(node="n1", ts=NOW - 10, state="IDLE", flags=["DRAIN"], reason="bad"))
+    assert not b.on_node_state(NodeState(node="n1", ts=NOW - 15, state="IDLE"))  # older: ignored
+    assert [r.log_record.body for r in logs.get_finished_logs()] == ["n1: IDLE", "n1: IDLE+DRAIN (bad)"]
+
+
+def test_memory_bounds() -> None:
+    store = LatestStore(clock=lambda: NOW, max_gpus=3, max_nodes=2)
+    assert store.update_sample(sample(gpus=[gpu(0), gpu(1)], jobs=[])) == 2
+    assert store.update_sample(sample("n2", gpus=[gpu(0), gpu(1)], jobs=[])) == 1
+    assert store.gpus_refused == 1 and len(store) == 3
+    for node in ("a", "b", "c"):
+        store.update_node_state(NodeState(node=node, ts=NOW, state="IDLE"))
+    assert store.nodes_forgotten == 1
+
+
+def test_gpu_status_follows_open_failures(sdk_bridge: tuple[OtlpBridge, InMemoryMetricReader, Any]) -> None:
+    b, reader, _ = sdk_bridge
+    b.on_sample(sample())
+    b.on_failure(failure(Severity.WARNING))
+    status = sdk_points(b, reader)["hw.status"]["points"]
+    got = {(dict(a)["hw.id"], dict(a)["hw.state"]): v for a, v in status.items() if v == 1}
+    assert got == {("GPU-0", "degraded"): 1, ("GPU-1", "ok"): 1}
+
+
+# -- export: retry, backoff, drop accounting ------------------------------------------------
+
+
+class FakeTransport:
+    def __init__(self, script: list[Exception | int]) -> None:
+        self.script = script
+        self.sent: list[bytes] = []
+
+    def send(self, request: bytes, timeout_s: float) -> int:
+        self.sent.append(request)
+        step = self.script.pop(0) if self.script else 0
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+    def close(self) -> None:
+        pass
+
+
+def exporter(script: list[Exception | int], retry_s: float = 100.0) -> tuple[DirectMetricExporter, list[float]]:
+    store = LatestStore(clock=lambda: NOW)
+    store.update_sample(sample(jobs=[]))
+    sleeps: list[float] = []
+    exp = DirectMetricExporter(
+        store, MetricEncoder(Resource({}), "s", "1"), FakeTransport(script),
+        backoff_s=0.5, max_backoff_s=1.5, retry_deadline_s=retry_s, sleep=sleeps.append,
+    )  # fmt: skip
+    return exp, sleeps
+
+
+def test_retryable_errors_are_retried_with_backoff() -> None:
+    exp, sleeps = exporter([RetryableExportError("down")] * 4)
+    assert exp.export_once()
+    assert sleeps == [0.5, 1.0, 1.5, 1.5]
+    assert exp.stats.retries == 4 and exp.stats.points_dropped == 0
+    assert exp.stats.points_exported == exp.stats.last_export_points > 0
+
+
+def test_points_are_dropped_and_counted_when_the_receiver_stays_down() -> None:
+    exp, _ = exporter([RetryableExportError("down")] * 100, retry_s=0.0)
+    assert not exp.export_once()
+    assert exp.stats.points_dropped == exp.stats.last_export_points > 0
+    assert (exp.stats.points_exported, exp.stats.requests_failed) == (0, 1)
+    exp2, sleeps = exporter([ExportError("400 bad request")])
+    assert not exp2.export_once()
+    assert sleeps == [] and exp2.stats.points_dropped == exp2.stats.last_export_points
+    exp3, _ = exporter([5])  # partial success: 5 rejected
+    assert not exp3.export_once()
+    assert exp3.stats.points_dropped == 5
+    assert exp3.stats.points_exported == exp3.stats.last_export_points - 5
+
+
+def test_a_down_receiver_is_retryable_and_counted_on_the_bridge() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(RetryableExportError):
+        GrpcTransport(f"127.0.0.1:{port}", insecure=True).send(b"", 0.5)
+    with pytest.raises(RetryableExportError):
+        HttpTransport(f"http://127.0.0.1:{port}/v1/metrics").send(b"", 0.5)
+    b = OtlpBridge(resource=Resource({}), metric_transports=[GrpcTransport(f"127.0.0.1:{port}", insecure=True)],
+                   export_interval_s=3600, export_timeout_s=0.2, retry_s=0.01, clock=lambda: NOW)  # fmt: skip
+    b.start()
+    try:
+        b.on_sample(sample(jobs=[]))
+        assert not b.force_flush()
+        stats = b.export_stats()
+        assert stats["points_dropped"] > 0 and stats["points_exported"] == 0
+        reg = CollectorRegistry()
+        reg.register(b.collector)
+        text = generate_latest(reg).decode()
+        assert f"gpuwarden_otlp_points_dropped_total {stats['points_dropped']}" in text
+    finally:
+        b.stop(1)
+
+
+def test_grpc_transport_sends_headers_and_compresses() -> None:
+    with OtlpReceiver() as r:
+        b = OtlpBridge(resource=Resource({"service.name": "t"}), clock=lambda: NOW, export_interval_s=3600,
+                       metric_transports=[GrpcTransport(r.endpoint, insecure=True, headers={"X-Tenant": "hpc"},
+                                                        compression="gzip")])  # fmt: skip
+        b.start()
+        try:
+            b.on_sample(sample())
+            assert b.force_flush()
+        finally:
+            b.stop(5)
+        assert r.metadata[0]["x-tenant"] == "hpc"
+        pts = r.metric_points()
+        assert pts["hw.gpu.utilization"]["points"][0][1] == 0.5
+        assert b.export_stats()["points_exported"] > 0
+
+
+def test_http_transport_posts_gzip_protobuf() -> None:
+    got: list[tuple[dict[str, str], bytes]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            got.append((dict(self.headers), body))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        t = HttpTransport(f"http://127.0.0.1:{server.server_port}/v1/metrics", headers={"Authorization": "Bearer x"},
+                          compression="gzip")  # fmt: skip
+        req = metrics_service_pb2.ExportMetricsServiceRequest().SerializeToString() + b"\x0a\x00"
+        assert t.send(req, 5) == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+    headers, body = got[0]
+    assert headers["Content-Encoding"] == "gzip" and headers["Authorization"] == "Bearer x"
+    assert headers["Content-Type"] == "application/x-protobuf"
+    assert gzip.decompress(body) == req
+
+
+class FailingLogs(LogRecordExporter):
+    def export(self, batch: Any) -> LogRecordExportResult:
+        return LogRecordExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def test_failed_log_exports_are_counted() -> None:
+    b = OtlpBridge(resource=Resource({}), log_exporters=[FailingLogs()], log_processor="simple", clock=lambda: NOW)
+    b.start()
+    try:
+        b.on_failure(failure())
+        assert b.export_stats()["logs_dropped"] == 1
+    finally:
+        b.stop()
+
+
+# -- dcgm-exporter naming ---------------------------------------------------------------
+
+
+def test_dcgm_naming_on_prometheus_and_otlp() -> None:
+    b = OtlpBridge(resource=Resource({}), naming="dcgm", clock=lambda: NOW)
+    b.on_sample(sample())
+    reg = CollectorRegistry()
+    reg.register(b.collector)
+    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(reg).decode())}
+    assert "gpuwarden_gpu_utilization_ratio" not in fams
+    [s0] = [s for s in fams["DCGM_FI_DEV_GPU_UTIL"].samples if s.labels["gpu"] == "0"]
+    assert s0.value == 50.0
+    assert s0.labels == {"gpu": "0", "UUID": "GPU-0", "device": "nvidia0", "modelName": "NVIDIA H100",
+                         "Hostname": "n1", "pci_bus_id": "0000:00:00.0", "DCGM_FI_DRIVER_VERSION": "550.54.15",
+                         "hpc_job": "42"}  # fmt: skip
+    fb_free = [s.value for s in fams["DCGM_FI_DEV_FB_FREE"].samples if s.labels["gpu"] == "0"]
+    assert fb_free == [80896.0]
+    energy = [s.value for s in fams["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"].samples if s.labels["gpu"] == "0"]
+    assert energy == [1_000_000.0]  # mJ
+    assert [s.labels["hpc_job"] for s in fams["DCGM_FI_DEV_GPU_UTIL"].samples if s.labels["gpu"] == "1"] == [""]
+    requests, _ = MetricEncoder(Resource({}), "s", "1", naming="dcgm").encode(b.store.views())
+    otlp = decode(requests)
+    assert "hw.gpu.utilization" not in otlp
+    pts = otlp["DCGM_FI_DEV_GPU_UTIL"]["points"]
+    assert pts[frozenset(zip(DCGM_LABELS, dcgm_labels(b.store.views()[0][0].attributes), strict=True))] == 50.0
+    assert otlp["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]["monotonic"] is True
+
+
+async def test_service_routes_events_and_node_states() -> None:
+    logs = InMemoryLogExporter()
+    svc = OtlpBridgeService(OtlpBridgeSettings(), metric_readers=[InMemoryMetricReader()], log_exporters=[logs],
+                            log_processor="simple", clock=lambda: NOW)  # fmt: skip
+    svc.bridge.start()
+    try:
+        await svc.handle("gpu.events.attributed", xid())
+        await svc.handle("slurm.nodes", NodeState(node="n1", ts=NOW, state="DOWN"))
+        assert [r.log_record.event_name for r in logs.get_finished_logs()] == ["gpuwarden.gpu.xid",
+                                                                            "gpuwarden.node.state"]  # fmt: skip
+    finally:
+        svc.bridge.stop()
