@@ -39,6 +39,7 @@ __all__ = [
     "GpuSample",
     "HealthCheckResult",
     "JobState",
+    "JobWindow",
     "Model",
     "NodeSample",
     "NodeState",
@@ -288,6 +289,43 @@ class AttributedEvent(Model):
     node_jobs: list[GpuAttribution] = Field(
         default_factory=list, description="All jobs on the node (for node-wide events without a GPU)"
     )
+
+
+class JobWindow(Model):
+    """Summary of one GPU of one job over one tumbling window (``job.windows``, keyed by job id).
+
+    Built by the correlator from ``gpu.attributed`` in event time; the detector compares
+    the GPUs of the same job (stragglers, idle GPUs, hangs) from these.
+    """
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    job_id: str
+    node: str
+    gpu_index: int = Field(ge=0)
+    gpu_uuid: str | None = None
+    user: str | None = None
+    partition: str | None = None
+    job_gpus: int | None = Field(None, description="Total GPUs of the job across its nodes")
+    window_start: float = Field(description="Window start, epoch s (event time, inclusive)")
+    window_end: float = Field(description="Window end, epoch s (event time, exclusive)")
+    samples: int = Field(ge=0, description="Samples of this GPU in the window, count")
+    utilization_gpu_pct_mean: float | None = Field(None, description="Mean GPU utilisation, %")
+    utilization_gpu_pct_min: float | None = Field(None, description="Minimum GPU utilisation, %")
+    utilization_gpu_pct_max: float | None = Field(None, description="Maximum GPU utilisation, %")
+    power_w_mean: float | None = Field(None, description="Mean power draw, W")
+    power_limit_w: float | None = Field(None, description="Enforced power limit (last), W")
+    sm_clock_mhz_mean: float | None = Field(None, description="Mean SM clock, MHz")
+    max_sm_clock_mhz: float | None = Field(None, description="Maximum SM clock (last reported), MHz")
+    memory_used_mib_first: float | None = Field(None, description="Memory used at the first sample, MiB")
+    memory_used_mib_last: float | None = Field(None, description="Memory used at the last sample, MiB")
+    memory_used_mib_max: float | None = Field(None, description="Maximum memory used, MiB")
+    memory_total_mib: float | None = Field(None, description="Memory total, MiB")
+    temperature_c_max: float | None = Field(None, description="Maximum GPU temperature, C")
+    throttle_s: float = Field(0.0, ge=0, description="Seconds with a non-idle throttle reason active, s")
+    throttle_reasons: list[str] = Field(default_factory=list, description="Throttle reasons seen in the window")
+    tensor_activity_pct_mean: float | None = Field(None, description="Mean tensor pipe activity, %")
+    sm_occupancy_pct_mean: float | None = Field(None, description="Mean SM occupancy, %")
+    processes_max: int | None = Field(None, ge=0, description="Most compute processes seen at once, count")
 
 
 class Category(StrEnum):

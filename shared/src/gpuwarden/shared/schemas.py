@@ -17,6 +17,7 @@ MODELS: list[type[m.Model]] = [
     m.NodeState,
     m.AttributedSample,
     m.AttributedEvent,
+    m.JobWindow,
     m.Failure,
     m.Remediation,
     m.HealthCheckResult,
