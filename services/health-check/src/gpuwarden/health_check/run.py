@@ -1,0 +1,115 @@
+"""One health-check run: build the context from settings and Slurm's environment, run the
+checks under the budget, note prolog/epilog times, publish, and summarise."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from gpuwarden.shared.bus import ProducerLike
+
+from .checks import Context, Inputs, Phase, Status
+from .io import DmesgLog, FileLog, KernelLog, SubprocessRunner
+from .publish import publish_results, to_models
+from .settings import HealthCheckSettings
+from .suite import Summary, job_gpus, run_checks, select_checks, since_ts
+
+__all__ = ["build_context", "default_inputs", "health_run"]
+
+log = logging.getLogger(__name__)
+
+
+def build_context(
+    phase: Phase, s: HealthCheckSettings, env: Mapping[str, str], now: float, gpus: list[int] | None = None
+) -> Context:
+    """Context of a run: the job id and GPUs from ``env`` in prolog/epilog (``gpus`` overrides),
+    thresholds from settings. Raises ValueError for unreadable ``SLURM_JOB_GPUS``/``CUDA_VISIBLE_DEVICES``."""
+    job = env.get("SLURM_JOB_ID") if phase != "periodic" else None
+    if gpus is None and phase != "periodic":
+        gpus = job_gpus(env)
+    return Context(
+        phase=phase,
+        node=env.get("SLURMD_NODENAME") or s.health_node,
+        job_id=job or None,
+        gpus=gpus,
+        since_ts=since_ts(phase, env, s.health_state_dir, now, s.health_xid_lookback_s),
+        expected_gpus=s.health_expected_gpus,
+        ib_rate_gbps=s.health_ib_rate_gbps,
+        ib_ports=s.health_ib_ports,
+        max_used_mib=s.health_max_used_mib,
+        dcgm_level=s.health_dcgm_level,
+        tool_timeout_s=s.health_check_timeout_s,
+    )
+
+
+def default_inputs(s: HealthCheckSettings, node: str | None = None) -> Inputs:
+    """Production inputs: ``pynvml`` (None if not installed), subprocess tools, the kernel log.
+
+    With ``health_scenario`` set, NVML is the collector's ``FakeNvml`` of ``node`` at scenario
+    second ``health_scenario_s`` (the simulated fleet; Raises ValueError for a bad scenario)."""
+    nvml: object | None
+    if s.health_scenario is not None:
+        from gpuwarden.collector.sim import FakeNvml
+        from gpuwarden.shared.scenario import ScenarioClock, load_scenario
+
+        fake = FakeNvml(load_scenario(s.health_scenario), ScenarioClock(0.0), node or s.health_node)
+        fake.t = s.health_scenario_s
+        nvml = fake
+    else:
+        try:
+            import pynvml
+
+            nvml = pynvml
+        except ImportError:  # pragma: no cover - nvidia-ml-py is a dependency of the collector
+            nvml = None
+    runner = SubprocessRunner()
+    klog: KernelLog | None = None
+    if s.health_kernel_log == "dmesg":
+        klog = DmesgLog(runner, timeout_s=min(3.0, s.health_check_timeout_s))
+    elif s.health_kernel_log:
+        klog = FileLog(Path(s.health_kernel_log))
+    return Inputs(nvml=nvml, runner=runner, kernel_log=klog, sysfs_root=s.health_sysfs_root)  # type: ignore[arg-type]
+
+
+def _note_times(ctx: Context, state_dir: Path, now: float) -> None:
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        if ctx.phase == "prolog" and ctx.job_id:
+            (state_dir / f"job-{ctx.job_id}.start").write_text(f"{now}\n")
+        elif ctx.phase == "epilog":
+            (state_dir / "last-epilog").write_text(f"{now}\n")
+            if ctx.job_id:
+                (state_dir / f"job-{ctx.job_id}.start").unlink(missing_ok=True)
+    except OSError as exc:
+        log.warning("cannot note %s time in %s: %s", ctx.phase, state_dir, exc)
+
+
+async def health_run(
+    phase: Phase,
+    names: Sequence[str],
+    s: HealthCheckSettings,
+    inputs: Inputs,
+    env: Mapping[str, str] | None = None,
+    make_producer: Callable[[], ProducerLike] | None = None,
+    gpus: list[int] | None = None,
+) -> tuple[Summary, Context]:
+    """Run the checks of ``phase`` (or ``names``) and return the summary and context.
+
+    ``make_producer`` None = do not publish. Raises ValueError for an unknown check name or an
+    unreadable job GPU list (the CLI turns it into UNKNOWN)."""
+    env = os.environ if env is None else env
+    now = inputs.clock()
+    t0 = time.monotonic()
+    ctx = build_context(phase, s, env, now, gpus)
+    chosen = select_checks(phase, names, s.health_dcgm_level)
+    status = Status.CRITICAL if s.health_timeout_status == "critical" else Status.UNKNOWN
+    results = await run_checks(chosen, inputs, ctx, s.health_budget_s, s.health_check_timeout_s, status)
+    summary = Summary(results, time.monotonic() - t0)
+    if phase != "periodic":
+        _note_times(ctx, s.health_state_dir, now)
+    if make_producer is not None and s.health_publish:
+        await publish_results(to_models(results, ctx, now), make_producer, s.health_publish_timeout_s)
+    return summary, ctx

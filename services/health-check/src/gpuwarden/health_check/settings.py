@@ -1,0 +1,49 @@
+"""Settings of ``gpuwarden health-check`` from ``GPUWARDEN_*`` environment variables."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from gpuwarden.shared.settings import BusSettings
+
+__all__ = ["HealthCheckSettings"]
+
+
+class HealthCheckSettings(BusSettings):
+    """Everything ``gpuwarden health-check`` reads from the environment (prefix ``GPUWARDEN_``)."""
+
+    model_config = SettingsConfigDict(env_prefix="GPUWARDEN_", extra="ignore")
+
+    health_node: str = Field(
+        default_factory=lambda: socket.gethostname().split(".")[0],
+        description="Node name on results (SLURMD_NODENAME wins when set)",
+    )
+    health_budget_s: float = Field(10.0, gt=0, le=3600, description="Hard time budget of one run, s")
+    health_check_timeout_s: float = Field(8.0, gt=0, description="Most seconds one check may take, s")
+    health_timeout_status: Literal["critical", "unknown"] = Field(
+        "critical", description="Status of a check that runs past its time"
+    )
+    health_expected_gpus: int | None = Field(None, ge=0, description="GPUs the node must have (unset = any >= 1)")
+    health_ib_rate_gbps: float | None = Field(
+        None, gt=0, description="Rate every InfiniBand port must reach, Gb/s (unset = the fastest port's)"
+    )
+    health_ib_ports: int | None = Field(None, ge=0, description="InfiniBand ports the node must have (unset = any)")
+    health_max_used_mib: float = Field(1024.0, ge=0, description="Used GPU memory above which a GPU is not free, MiB")
+    health_dcgm_level: int = Field(0, ge=0, le=4, description="dcgmi diag -r level in prolog/epilog (0 = off)")
+    health_state_dir: Path = Field(
+        Path("/var/lib/gpuwarden/health"), description="Where prolog/epilog note job start and last epilog times"
+    )
+    health_xid_lookback_s: float = Field(3600.0, gt=0, description="XID window when no earlier run is recorded, s")
+    health_kernel_log: str = Field("dmesg", description="'dmesg' (dmesg --time-format iso), a log file path, or ''")
+    health_sysfs_root: Path = Field(Path("/"), description="Root under which /sys/class/infiniband is read")
+    health_scenario: Path | None = Field(
+        None, description="Simulate: read NVML from the collector's FakeNvml for this scenario YAML (demo, tests)"
+    )
+    health_scenario_s: float = Field(0.0, ge=0, description="Simulate: the scenario second the fake NVML shows")
+    health_publish: bool = Field(True, description="Publish each result to the health topic")
+    health_publish_timeout_s: float = Field(1.5, gt=0, le=30, description="Total time publishing may take, s")

@@ -1,0 +1,160 @@
+"""Run checks concurrently under a hard time budget; job context from Slurm's environment.
+
+Each check runs in its own daemon thread (a hung NVML call or tool cannot be cancelled, but it
+can be abandoned: a daemon thread never holds the process at exit). The runner waits for each
+at most ``min(check_timeout_s, time left of budget_s)``; a check that does not finish in time
+gets ``timeout_status`` (CRITICAL by default: a GPU or tool that hangs is not fit for a job).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from .checks import CHECKS, CheckResult, Context, Inputs, Phase, Status, worst
+
+__all__ = ["Summary", "job_gpus", "run_checks", "select_checks", "since_ts", "summarize"]
+
+
+def select_checks(phase: Phase, names: Sequence[str] = (), dcgm_level: int = 0) -> list[str]:
+    """Names to run: ``names`` when given (ValueError for an unknown one), else every check
+    registered for ``phase`` plus ``dcgm`` when ``dcgm_level`` > 0."""
+    if names:
+        bad = [n for n in names if n not in CHECKS]
+        if bad:
+            raise ValueError(f"unknown check(s) {bad}; known: {sorted(CHECKS)}")
+        return list(dict.fromkeys(names))
+    out = [n for n, s in CHECKS.items() if phase in s.phases]
+    if dcgm_level > 0:
+        out.append("dcgm")
+    return out
+
+
+def _in_thread(fn: object, *args: object) -> asyncio.Future[CheckResult]:
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[CheckResult] = loop.create_future()
+
+    def target() -> None:
+        def settle(res: CheckResult | None, err: BaseException | None) -> None:
+            if fut.done():
+                return
+            if err is not None:
+                fut.set_exception(err)
+            else:
+                fut.set_result(res)  # type: ignore[arg-type]
+
+        try:
+            res = fn(*args)  # type: ignore[operator]
+        except BaseException as exc:
+            loop.call_soon_threadsafe(settle, None, exc)
+        else:
+            loop.call_soon_threadsafe(settle, res, None)
+
+    threading.Thread(target=target, daemon=True, name="health-check").start()
+    return fut
+
+
+async def run_checks(
+    names: Sequence[str],
+    inputs: Inputs,
+    ctx: Context,
+    budget_s: float = 10.0,
+    check_timeout_s: float = 8.0,
+    timeout_status: Status = Status.CRITICAL,
+) -> list[CheckResult]:
+    """Run ``names`` concurrently; return one result per name, in order, within ``budget_s``
+    seconds (plus scheduling jitter). A check that raises is UNKNOWN (``RuntimeError`` from an
+    unusable NVML: CRITICAL); one that runs past its time is ``timeout_status``."""
+    t0 = time.monotonic()
+    deadline = t0 + budget_s
+
+    async def one(name: str) -> CheckResult:
+        start = time.monotonic()
+        limit = max(0.0, min(check_timeout_s, deadline - start))
+        fut = _in_thread(CHECKS[name].fn, inputs, ctx)
+        try:
+            res = await asyncio.wait_for(asyncio.shield(fut), limit)
+        except TimeoutError:
+            res = CheckResult(name, timeout_status, f"timed out after {limit:.1f}s")
+        except RuntimeError as exc:
+            res = CheckResult(name, Status.CRITICAL, str(exc)[:160])
+        except Exception as exc:
+            res = CheckResult(name, Status.UNKNOWN, f"check error {type(exc).__name__}: {exc}"[:160])
+        d = round(time.monotonic() - start, 4)
+        return CheckResult(res.check, res.status, res.reason, res.gpu_index, d)
+
+    return list(await asyncio.gather(*(one(n) for n in names)))
+
+
+class Summary:
+    """Overall status and the one line printed for Slurm/Nagios:
+    ``CRITICAL: ecc: GPU 2 row remap pending (reset the GPU); xid: ... | 9 checks in 0.41s``."""
+
+    def __init__(self, results: Sequence[CheckResult], elapsed_s: float) -> None:
+        self.results = list(results)
+        self.status = worst([r.status for r in self.results])
+        self.elapsed_s = elapsed_s
+
+    @property
+    def line(self) -> str:
+        bad = [r for r in self.results if r.status != Status.OK]
+        order = {Status.CRITICAL: 0, Status.UNKNOWN: 1, Status.WARNING: 2, Status.OK: 3}
+        bad.sort(key=lambda r: order[r.status])
+        groups: dict[str, list[str]] = {}  # one reason shared by several checks is printed once
+        for r in bad:
+            groups.setdefault(r.reason, []).append(r.check)
+        body = "; ".join(f"{','.join(c)}: {why}" for why, c in groups.items()) if bad else "all checks passed"
+        line = f"{self.status.name}: {body} | {len(self.results)} checks in {self.elapsed_s:.2f}s"
+        return " ".join(line.split())[:500]
+
+
+def summarize(results: Sequence[CheckResult], elapsed_s: float) -> Summary:
+    return Summary(results, elapsed_s)
+
+
+def job_gpus(env: Mapping[str, str], uuids: Mapping[str, int] | None = None) -> list[int] | None:
+    """The job's GPU indices from ``SLURM_JOB_GPUS`` (``"0,1"``), else ``CUDA_VISIBLE_DEVICES``
+    (indices, or ``GPU-...`` UUIDs mapped through ``uuids``). None when neither is set (every GPU).
+
+    Raises:
+        ValueError: a value that is neither an index nor a known UUID (e.g. a MIG ``MIG-`` id)."""
+    for var in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
+        raw = env.get(var)
+        if raw is None or raw.strip() == "":
+            continue
+        out: list[int] = []
+        for tok in (t.strip() for t in raw.split(",")):
+            if tok.isdigit():
+                out.append(int(tok))
+            elif uuids is not None and tok in uuids:
+                out.append(uuids[tok])
+            elif tok:
+                raise ValueError(f"{var}={raw!r}: {tok!r} is not a GPU index or known UUID")
+        return sorted(set(out))
+    return None
+
+
+def since_ts(phase: Phase, env: Mapping[str, str], state_dir: Path, now: float, lookback_s: float) -> float:
+    """Epoch s from which kernel-log XIDs count. Prolog: the last epilog's time (``last-epilog``
+    in ``state_dir``), else ``now - lookback_s``. Epilog: the job's prolog time
+    (``job-<id>.start``), else ``SLURM_JOB_START_TIME``, else ``now - lookback_s``."""
+    fallback = now - lookback_s
+    files: list[Path] = []
+    if phase == "prolog":
+        files.append(state_dir / "last-epilog")
+    elif phase == "epilog" and env.get("SLURM_JOB_ID"):
+        files.append(state_dir / f"job-{env['SLURM_JOB_ID']}.start")
+    for f in files:
+        try:
+            return float(f.read_text().strip())
+        except (OSError, ValueError):
+            pass
+    if phase == "epilog":
+        try:
+            return float(env["SLURM_JOB_START_TIME"])
+        except (KeyError, ValueError):
+            pass
+    return fallback

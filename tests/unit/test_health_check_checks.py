@@ -1,0 +1,423 @@
+"""Health checks over the collector's FakeNvml (scenario-driven), recorded tool output, a fake
+tool runner and a temporary sysfs tree; the time budget; publishing; the CLI exit codes."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.collector.sim import FakeNvml, pci_of, xid_line
+from gpuwarden.health_check.checks import (
+    CHECKS,
+    CheckResult,
+    Context,
+    Inputs,
+    Status,
+    evaluate_dcgm,
+    evaluate_infiniband,
+    evaluate_nvlink,
+    worst,
+)
+from gpuwarden.health_check.io import FileLog, ToolMissing, ToolOutput, ToolTimeout, read_sysfs_ib
+from gpuwarden.health_check.parsers import parse_dcgmi_diag, parse_ibstat, parse_ibstatus, parse_nvidia_smi_nvlink
+from gpuwarden.health_check.publish import publish_results, to_models
+from gpuwarden.health_check.run import build_context, health_run
+from gpuwarden.health_check.settings import HealthCheckSettings
+from gpuwarden.health_check.suite import Summary, job_gpus, run_checks, select_checks, since_ts
+from gpuwarden.shared.bus import MemoryPublisher, Producer
+from gpuwarden.shared.scenario import Scenario, ScenarioClock
+from gpuwarden.shared.settings import BusSettings
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures"
+NODE = "gpu-node-004"
+
+
+class FakeRunner:
+    """ToolRunner fake: argv[0] -> text (or an exception, or a sleep in seconds)."""
+
+    def __init__(self, outputs: dict[str, ToolOutput | Exception | float] | None = None) -> None:
+        self.outputs = outputs or {}
+        self.calls: list[list[str]] = []
+
+    def run(self, argv: list[str], timeout_s: float) -> ToolOutput:
+        self.calls.append(argv)
+        out = self.outputs.get(argv[0], ToolMissing(argv[0]))
+        if isinstance(out, float):
+            time.sleep(out)
+            raise ToolTimeout(argv[0])
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+
+class Lines:
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+
+    def read_lines(self) -> list[str]:
+        return self.lines
+
+
+def fake(faults: list[dict[str, object]] | None = None, jobs: list[dict[str, object]] | None = None) -> FakeNvml:
+    sc = Scenario.model_validate(
+        {"name": "t", "duration_s": 100, "cluster": {"nodes": 4}, "faults": faults or [], "jobs": jobs or []}
+    )
+    f = FakeNvml(sc, ScenarioClock(0.0), NODE)
+    f.t = 10.0
+    return f
+
+
+def inputs(nv: FakeNvml | None = None, **kw: object) -> Inputs:
+    return Inputs(
+        nvml=nv if nv is not None else fake(),
+        runner=kw.pop("runner", FakeRunner()),
+        kernel_log=kw.pop("log", Lines([])),
+        **kw,
+    )  # type: ignore[arg-type]
+
+
+def run1(name: str, inp: Inputs, **ctx: object) -> CheckResult:
+    return CHECKS[name].fn(inp, Context(node=NODE, **ctx))  # type: ignore[arg-type]
+
+
+# -- healthy node: every default check OK ---------------------------------------------------
+
+
+def test_healthy_fake_node_passes_every_check() -> None:
+    inp = inputs()
+    for name in select_checks("prolog"):
+        r = run1(name, inp, expected_gpus=8)
+        assert r.status == Status.OK, (name, r)
+
+
+# -- one fault per check ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("check", "fault", "status", "text"),
+    [
+        ("gpu-count", {"kind": "gpu-missing", "gpu": 7}, Status.CRITICAL, "7/8 GPUs visible"),
+        ("nvml", {"kind": "gpu-lost", "gpu": 3}, Status.CRITICAL, "GPU 3"),
+        ("processes", {"kind": "zombie-process", "gpu": 1}, Status.CRITICAL, "GPU 1: 1 leftover process"),
+        ("ecc", {"kind": "ecc-dbe", "gpu": 2}, Status.CRITICAL, "GPU 2: 1 uncorrectable ECC"),
+        ("ecc", {"kind": "row-remap-failed", "gpu": 2}, Status.CRITICAL, "row remapping failed"),
+        ("pcie", {"kind": "pcie-degraded", "gpu": 6}, Status.CRITICAL, "GPU 6: PCIe x8 of x16"),
+        ("nvlink", {"kind": "nvlink-down", "gpu": 4}, Status.CRITICAL, "GPU 4: NVLink [0, 1"),
+        ("clocks", {"kind": "power-brake", "gpu": 5}, Status.CRITICAL, "HW slowdown + power brake"),
+        ("clocks", {"kind": "thermal-throttle", "gpu": 5}, Status.WARNING, "SW thermal"),
+    ],
+)
+def test_fault_is_found(check: str, fault: dict[str, object], status: Status, text: str) -> None:
+    nv = fake([{"at_s": 0, "node": NODE, **fault}])
+    r = run1(check, inputs(nv), expected_gpus=8)
+    assert r.status == status and text in r.reason, r
+    if "gpu" in fault and check != "gpu-count":
+        assert r.gpu_index == fault["gpu"] or check == "nvml"
+
+
+def test_job_gpus_only() -> None:
+    nv = fake([{"at_s": 0, "node": NODE, "kind": "row-remap-pending", "gpu": 5}])
+    assert run1("ecc", inputs(nv), gpus=[0, 1]).status == Status.OK
+    r = run1("ecc", inputs(nv), gpus=[4, 5])
+    assert r.status == Status.CRITICAL and r.gpu_index == 5 and "pending" in r.reason
+    assert run1("gpu-count", inputs(nv), gpus=[9]).reason == "job GPU(s) [9] absent (8 visible)"
+
+
+def test_nvml_unavailable_is_critical_through_the_runner() -> None:
+    res = asyncio.run(run_checks(["nvml", "ecc"], Inputs(None, FakeRunner(), None), Context()))
+    assert [r.status for r in res] == [Status.CRITICAL, Status.CRITICAL]
+    assert "NVML unavailable" in res[0].reason
+
+
+def test_nvml_init_failure_is_critical() -> None:
+    class Broken:
+        NVMLError = RuntimeError
+
+        def nvmlInit(self) -> None:
+            raise OSError("NVML Shared Library Not Found")
+
+    (r,) = asyncio.run(run_checks(["gpu-count"], Inputs(Broken(), FakeRunner(), None), Context()))  # type: ignore[arg-type]
+    assert r.status == Status.CRITICAL and "nvmlInit failed" in r.reason
+
+
+# -- XID -------------------------------------------------------------------------------------
+
+
+def test_xid_window_and_severity() -> None:
+    t0 = 1_700_000_000.0
+    lines = [
+        xid_line(t0 - 100, pci_of(2), 79, None),  # before the window
+        xid_line(t0 + 5, pci_of(1), 13, 4242),  # application XID -> WARNING
+        "some other kernel line",
+    ]
+    r = run1("xid", inputs(log=Lines(lines), clock=lambda: t0 + 10), since_ts=t0)
+    assert r.status == Status.WARNING and "XID 13" in r.reason
+    lines.append(xid_line(t0 + 6, pci_of(3), 48, 4242))
+    r = run1("xid", inputs(log=Lines(lines), clock=lambda: t0 + 10), since_ts=t0)
+    assert r.status == Status.CRITICAL and r.reason.startswith("XID 48 on PCI 0000:5d:00.0")
+
+
+def test_xid_job_aware_maps_bus_id_to_gpu() -> None:
+    t0 = 1_700_000_000.0
+    lines = [xid_line(t0 + 1, pci_of(3), 94, 1)]
+    assert run1("xid", inputs(log=Lines(lines), clock=lambda: t0), since_ts=t0, gpus=[0, 1]).status == Status.OK
+    r = run1("xid", inputs(log=Lines(lines), clock=lambda: t0), since_ts=t0, gpus=[3])
+    assert r.status == Status.CRITICAL and r.gpu_index == 3 and "GPU 3" in r.reason
+
+
+@pytest.mark.parametrize(
+    ("fixture", "status", "code"),
+    [
+        ("xid79-fallen-off-bus-short.txt", Status.CRITICAL, "XID 79"),  # no stamp: counted (read time)
+        ("xid13-43-sm-warp-exception-burst.txt", Status.WARNING, "XID 13"),
+    ],
+)
+def test_xid_on_recorded_kernel_logs(fixture: str, status: Status, code: str) -> None:
+    r = run1("xid", inputs(log=FileLog(FIX / "xid-logs" / fixture)), since_ts=0.0)
+    assert r.status == status and code in r.reason
+
+
+def test_xid_without_kernel_log_is_unknown() -> None:
+    assert run1("xid", Inputs(fake(), FakeRunner(), None)).status == Status.UNKNOWN
+
+
+# -- InfiniBand ------------------------------------------------------------------------------
+
+
+def test_infiniband_recorded_all_active_ethernet_ignored() -> None:
+    r = evaluate_infiniband(
+        parse_ibstat((FIX / "infiniband/ibstat-h100-ndr-8ib-1eth-all-active.txt").read_text()), 400, 8
+    )
+    assert r.status == Status.OK and r.reason == "8 InfiniBand port(s) ACTIVE at 400 Gb/s"
+    r = evaluate_infiniband(parse_ibstatus((FIX / "infiniband/ibstatus-a100-hdr-all-active.txt").read_text()))
+    assert r.status == Status.OK and "8 InfiniBand" in r.reason and "200" in r.reason
+
+
+def test_infiniband_slow_missing_and_down_ports() -> None:
+    ports = parse_ibstat((FIX / "infiniband/ibstat-h100-ndr-8ib-1eth-all-active.txt").read_text())
+    r = evaluate_infiniband(ports, rate_gbps=800)
+    assert r.status == Status.CRITICAL and "mlx5_0/1 at 400 Gb/s, expected 800" in r.reason
+    assert evaluate_infiniband(ports, min_ports=9).reason.startswith("8/9 InfiniBand ports")
+    text = (FIX / "infiniband/ibstat-h100-ndr-8ib-1eth-all-active.txt").read_text()
+    down = text.replace("State: Active", "State: Down", 1).replace(
+        "Physical state: LinkUp", "Physical state: Polling", 1
+    )
+    r = evaluate_infiniband(parse_ibstat(down))
+    assert r.status == Status.CRITICAL and r.reason.startswith("mlx5_0/1 DOWN/Polling")
+
+
+def _sysfs(root: Path, dev: str, state: str, phys: str, rate: str, layer: str) -> None:
+    p = root / "sys/class/infiniband" / dev / "ports" / "1"
+    p.mkdir(parents=True)
+    for k, v in {"state": state, "phys_state": phys, "rate": rate, "link_layer": layer}.items():
+        (p / k).write_text(v + "\n")
+
+
+def test_infiniband_sysfs_netdev_down_is_not_an_ib_failure(tmp_path: Path) -> None:
+    _sysfs(tmp_path, "mlx5_0", "4: ACTIVE", "5: LinkUp", "400 Gb/sec (4X NDR)", "InfiniBand")
+    _sysfs(tmp_path, "mlx5_1", "1: DOWN", "3: Disabled", "25 Gb/sec (1X EDR)", "Ethernet")
+    ports = read_sysfs_ib(tmp_path)
+    assert [(p.device, p.state, p.rate_gbps) for p in ports] == [("mlx5_0", "ACTIVE", 400.0), ("mlx5_1", "DOWN", 25.0)]
+    r = run1("infiniband", inputs(sysfs_root=tmp_path))
+    assert r.status == Status.OK and r.reason.startswith("1 InfiniBand")
+
+
+def test_infiniband_falls_back_to_ibstat(tmp_path: Path) -> None:
+    text = (FIX / "infiniband/ibstat-h100-ndr-8ib-1eth-all-active.txt").read_text()
+    runner = FakeRunner({"ibstat": ToolOutput(0, text)})
+    r = run1("infiniband", inputs(runner=runner, sysfs_root=tmp_path), ib_ports=8)
+    assert r.status == Status.OK and runner.calls == [["ibstat"]]
+    assert run1("infiniband", inputs(sysfs_root=tmp_path)).reason == "no InfiniBand ports"
+
+
+# -- NVLink and DCGM from recorded output ----------------------------------------------------
+
+
+def test_nvlink_recorded_all_up_and_one_inactive() -> None:
+    text = (FIX / "nvlink/nvlink-status-a100-8gpu.txt").read_text()
+    r = evaluate_nvlink(parse_nvidia_smi_nvlink(text))
+    assert r.status == Status.OK and r.reason == "96/96 NVLinks up on 8 GPU(s)"
+    lines = text.splitlines()
+    i = [n for n, ln in enumerate(lines) if ln.strip() == "Link 7: 25 GB/s"][2]  # GPU 2
+    lines[i] = lines[i].replace("25 GB/s", "<inactive>")
+    r = evaluate_nvlink(parse_nvidia_smi_nvlink("\n".join(lines)))
+    assert r.status == Status.CRITICAL and r.reason == "GPU 2: NVLink [7] inactive" and r.gpu_index == 2
+    assert evaluate_nvlink(parse_nvidia_smi_nvlink("\n".join(lines)), selected=[0, 1]).status == Status.OK
+
+
+def test_dcgm_recorded_cut_off_is_unknown_not_pass() -> None:
+    d = parse_dcgmi_diag((FIX / "dcgm/diag-r2-go-dcgm-gpu1-pass-excerpt.txt").read_text())
+    r = evaluate_dcgm(d)
+    assert r.status == Status.UNKNOWN and "cut off after 7 rows" in r.reason
+
+
+def test_dcgm_fail_warn_skip() -> None:
+    from test_health_check_parsers import DIAG_FULL
+
+    r = evaluate_dcgm(parse_dcgmi_diag(DIAG_FULL))
+    assert r.status == Status.CRITICAL and r.gpu_index == 0 and "GPU Memory" in r.reason
+    no_fail = DIAG_FULL.replace("Fail - GPU: 0", "Pass")
+    r = evaluate_dcgm(parse_dcgmi_diag(no_fail))
+    assert r.status == Status.WARNING and "Persistence Mode skip" in r.reason
+    all_skip = "\n".join(ln.replace("| Pass ", "| Skip ") for ln in no_fail.splitlines() if "Warn" not in ln)
+    assert evaluate_dcgm(parse_dcgmi_diag(all_skip.replace("Pass", "Skip"))).status == Status.UNKNOWN
+
+
+def test_dcgm_check_runs_job_gpus_and_handles_missing_tool() -> None:
+    from test_health_check_parsers import DIAG_FULL
+
+    runner = FakeRunner({"dcgmi": ToolOutput(226, DIAG_FULL.replace("Fail - GPU: 0", "Pass"))})
+    r = run1("dcgm", inputs(runner=runner), gpus=[0, 1], dcgm_level=2)
+    assert runner.calls == [["dcgmi", "diag", "-r", "2", "-i", "0,1"]] and r.status == Status.WARNING
+    assert run1("dcgm", inputs()).reason == "dcgmi not installed"
+    assert (
+        run1("dcgm", inputs(runner=FakeRunner({"dcgmi": ToolOutput(1, "", "Error: unable to connect")}))).status
+        == Status.UNKNOWN
+    )
+
+
+# -- budget, summary, context ----------------------------------------------------------------
+
+
+def test_hung_check_is_abandoned_within_the_budget() -> None:
+    class Hang(FakeNvml):
+        def nvmlDeviceGetCurrentClocksEventReasons(self, handle: object) -> int:
+            time.sleep(5)
+            return 0
+
+    base = fake()
+    nv = Hang(base.scenario, base.clock, NODE)
+    t = time.monotonic()
+    res = asyncio.run(run_checks(["clocks", "ecc"], inputs(nv), Context(), budget_s=0.5, check_timeout_s=0.4))
+    assert time.monotonic() - t < 1.5
+    assert (res[0].status, res[0].reason) == (Status.CRITICAL, "timed out after 0.4s")
+    assert res[1].status == Status.OK and res[1].duration_s is not None and res[1].duration_s < 0.4
+    res = asyncio.run(run_checks(["clocks"], inputs(nv), Context(), 0.3, 1.0, timeout_status=Status.UNKNOWN))
+    assert res[0].status == Status.UNKNOWN and res[0].reason == "timed out after 0.3s"
+
+
+def test_worst_and_summary_line() -> None:
+    assert worst([]) == Status.OK
+    assert worst([Status.WARNING, Status.UNKNOWN]) == Status.UNKNOWN
+    assert worst([Status.UNKNOWN, Status.CRITICAL, Status.OK]) == Status.CRITICAL
+    s = Summary(
+        [
+            CheckResult("xid", Status.WARNING, "XID 13 on GPU 1"),
+            CheckResult("ecc", Status.CRITICAL, "GPU 2: row remap pending"),
+            CheckResult("nvml", Status.CRITICAL, "GPU 2: row remap pending"),
+            CheckResult("pcie", Status.OK, "fine"),
+        ],
+        0.123,
+    )
+    assert s.status == Status.CRITICAL
+    assert s.line == "CRITICAL: ecc,nvml: GPU 2: row remap pending; xid: XID 13 on GPU 1 | 4 checks in 0.12s"
+    assert "\n" not in Summary([CheckResult("a", Status.OK, "x\ny")], 0).line
+
+
+def test_select_checks() -> None:
+    assert "dcgm" not in select_checks("prolog") and "dcgm" in select_checks("prolog", dcgm_level=1)
+    assert select_checks("periodic", ["ecc", "xid", "ecc"]) == ["ecc", "xid"]
+    with pytest.raises(ValueError, match="unknown check"):
+        select_checks("periodic", ["nope"])
+
+
+def test_job_gpus_from_slurm_env() -> None:
+    assert job_gpus({"SLURM_JOB_GPUS": "3,1", "CUDA_VISIBLE_DEVICES": "0"}) == [1, 3]
+    assert job_gpus({"CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b"}, {"GPU-a": 4, "GPU-b": 6}) == [4, 6]
+    assert job_gpus({}) is None
+    with pytest.raises(ValueError, match="MIG-x"):
+        job_gpus({"CUDA_VISIBLE_DEVICES": "MIG-x"})
+
+
+def test_since_ts_prolog_and_epilog(tmp_path: Path) -> None:
+    now = 1000.0
+    assert since_ts("prolog", {}, tmp_path, now, 60) == 940.0
+    (tmp_path / "last-epilog").write_text("900.5\n")
+    assert since_ts("prolog", {}, tmp_path, now, 60) == 900.5
+    assert since_ts("epilog", {"SLURM_JOB_ID": "7", "SLURM_JOB_START_TIME": "950"}, tmp_path, now, 60) == 950.0
+    (tmp_path / "job-7.start").write_text("960")
+    assert since_ts("epilog", {"SLURM_JOB_ID": "7"}, tmp_path, now, 60) == 960.0
+
+
+async def test_health_run_prolog_epilog_publishes_and_notes_times(tmp_path: Path) -> None:
+    s = HealthCheckSettings(health_state_dir=tmp_path, health_node="n")
+    nv = fake([{"at_s": 0, "node": NODE, "kind": "row-remap-pending", "gpu": 1}])
+    pub = MemoryPublisher()
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_GPUS": "0,1", "SLURMD_NODENAME": NODE}
+    summary, ctx = await health_run("prolog", [], s, inputs(nv, clock=lambda: 5000.0), env, lambda: pub)
+    assert summary.status == Status.CRITICAL and ctx.gpus == [0, 1] and ctx.job_id == "42"
+    assert (tmp_path / "job-42.start").read_text().strip() == "5000.0"
+    sent = pub.of("health")
+    assert len(sent) == len(select_checks("prolog"))
+    ecc = next(m for m in sent if m.check == "ecc")
+    assert (ecc.node, ecc.phase, ecc.job_id, ecc.passed, ecc.gpu_index) == (NODE, "prolog", "42", False, 1)
+    assert ecc.detail.startswith("CRITICAL: GPU 1: row remap pending") and ecc.ts == 5000.0
+    summary, ctx = await health_run("epilog", [], s, inputs(fake(), clock=lambda: 6000.0), env, lambda: pub)
+    assert summary.status == Status.OK and ctx.since_ts == 5000.0
+    assert not (tmp_path / "job-42.start").exists() and (tmp_path / "last-epilog").read_text().strip() == "6000.0"
+
+
+def test_periodic_run_has_no_job() -> None:
+    ctx = build_context("periodic", HealthCheckSettings(), {"SLURM_JOB_ID": "1", "SLURM_JOB_GPUS": "0"}, 0.0)
+    assert ctx.job_id is None and ctx.gpus is None and ctx.phase == "periodic"
+
+
+async def test_publish_never_waits_on_a_dead_broker() -> None:
+    models = to_models([CheckResult("ecc", Status.WARNING, "x")], Context(node="n", phase="epilog"), 1.0)
+    assert models[0].passed is True and models[0].detail == "WARNING: x"
+    t = time.monotonic()
+    ok = await publish_results(models, lambda: Producer(BusSettings(bootstrap_servers="127.0.0.1:1")), budget_s=0.5)
+    assert ok is False and time.monotonic() - t < 1.5
+    pub = MemoryPublisher()
+    assert await publish_results(models, lambda: pub, 0.5) is True and pub.of("health") == models
+
+
+# -- CLI exit codes (simulated NVML, no Kafka) --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("faults", "rc", "start"),
+    [
+        ("", 0, "OK: all checks passed"),
+        ("  - {at_s: 0, kind: ecc-dbe, node: gpu-node-004, gpu: 0}\n", 2, "CRITICAL: ecc: GPU 0"),
+    ],
+)
+def test_cli_prolog_exit_codes(tmp_path: Path, faults: str, rc: int, start: str) -> None:
+    sc = tmp_path / "s.yaml"
+    sc.write_text("name: t\nduration_s: 10\ncluster: {nodes: 4}\n" + ("faults:\n" + faults if faults else ""))
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "SLURMD_NODENAME": NODE,
+        "SLURM_JOB_ID": "1",
+        "SLURM_JOB_GPUS": "0",
+        "GPUWARDEN_HEALTH_SCENARIO": str(sc),
+        "GPUWARDEN_HEALTH_STATE_DIR": str(tmp_path / "st"),
+        "GPUWARDEN_HEALTH_KERNEL_LOG": str(tmp_path / "kern.log"),
+    }
+    exe = Path(sys.executable).with_name("gpuwarden")
+    p = subprocess.run(
+        [str(exe), "health-check", "prolog", "--no-publish"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert p.returncode == rc, p.stderr
+    assert p.stdout.startswith(start) and p.stdout.count("\n") == 1
+
+
+def test_cli_unknown_check_is_unknown() -> None:
+    exe = Path(sys.executable).with_name("gpuwarden")
+    p = subprocess.run(
+        [str(exe), "health-check", "run", "nope", "--no-publish"], capture_output=True, text=True, timeout=60
+    )
+    assert p.returncode == 3 and p.stdout.startswith("UNKNOWN: unknown check")
+
+
+@pytest.mark.parametrize("mod", ["checks", "io", "parsers", "publish", "run", "settings", "suite", "cli"])
+def test_public_names_exist(mod: str) -> None:
+    import importlib
+
+    module = importlib.import_module(f"gpuwarden.health_check.{mod}")
+    assert module.__all__ and all(hasattr(module, n) for n in module.__all__)
