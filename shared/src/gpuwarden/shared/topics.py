@@ -64,7 +64,12 @@ TOPICS: dict[str, TopicSpec] = {
             {"retention.ms": _WEEK_MS},
         ),
         TopicSpec(
-            "job.windows", "job id", m.JobWindow, 6, "per-window summary per (node, gpu) of a job", {"retention.ms": _DAY_MS}
+            "job.windows",
+            "job id",
+            m.JobWindow,
+            6,
+            "per-window summary per (node, gpu) of a job",
+            {"retention.ms": _DAY_MS},
         ),
         TopicSpec("failures", "node", m.Failure, 6, "named failures: the public contract", {"retention.ms": _WEEK_MS}),
         TopicSpec(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import io
-import string
 from importlib.resources import files
 from pathlib import Path
 from typing import Literal
@@ -18,6 +17,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from gpuwarden.shared.models import PATTERNS, Action, Category, Severity
+
+from .conditions import ConditionRule, CostModel, check_template
 
 __all__ = [
     "PATTERNS",
@@ -30,8 +31,6 @@ __all__ = [
     "load_catalog",
     "load_xid_table",
 ]
-
-_FIELDS = {"node", "gpu", "job_text", "code", "message"}
 
 
 class CatalogError(ValueError):
@@ -50,21 +49,18 @@ class Match(_Strict):
     """
 
     event: Literal["xid", "sxid", "xid-repeat"]
-    codes: list[int] = Field(min_length=1)
+    codes: list[int] = Field(default_factory=list, description="Empty: any code (sxid only)")
+    fatal: bool | None = Field(None, description="sxid: match only Fatal (true) or Non-fatal (false) lines")
     jobs: int | None = Field(None, ge=2, description="xid-repeat: distinct jobs needed")
     window_s: float | None = Field(None, gt=0, description="xid-repeat: look-back window, s")
 
     @model_validator(mode="after")
     def _repeat(self) -> Match:
+        if not self.codes and self.event != "sxid":
+            raise ValueError(f"event {self.event} needs codes")
         if (self.event == "xid-repeat") != (self.jobs is not None and self.window_s is not None):
             raise ValueError("jobs and window_s are required for (and only for) event xid-repeat")
         return self
-
-
-class CostModel(_Strict):
-    """``job``: all GPUs of the affected job stall; ``gpu``: only the GPU itself."""
-
-    scope: Literal["job", "gpu"] = "job"
 
 
 class Rule(_Strict):
@@ -97,11 +93,7 @@ class Rule(_Strict):
     @field_validator("verdict")
     @classmethod
     def _template(cls, v: str) -> str:
-        names = {f for _, f, _, _ in string.Formatter().parse(v) if f}
-        unknown = names - _FIELDS
-        if unknown:
-            raise ValueError(f"verdict uses unknown fields {sorted(unknown)}; allowed {sorted(_FIELDS)}")
-        return v
+        return check_template(v)
 
 
 class XidEntry(_Strict):
@@ -189,35 +181,43 @@ def load_xid_table(path: str | Path | None = None) -> dict[int, XidEntry]:
 class Catalog(_Strict):
     version: Literal[1]
     rules: list[Rule] = Field(min_length=1)
+    conditions: list[ConditionRule] = Field(default_factory=list, description="Condition rules (healthy default)")
     xid_table: dict[int, XidEntry] = Field(default_factory=dict, description="XIDs without a rule of their own")
     _rule_cache: dict[int, Rule] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _unique(self) -> Catalog:
         seen: dict[tuple[str, int], str] = {}
-        ids = set()
+        ids = {c.id for c in self.conditions}
+        if len(ids) != len(self.conditions):
+            raise ValueError("duplicate condition rule id")
         for r in self.rules:
             if r.id in ids:
                 raise ValueError(f"duplicate rule id {r.id}")
             ids.add(r.id)
-            for c in r.match.codes:
+            for c in r.match.codes if r.match.event == "xid" else []:
                 key = (r.match.event, c)
                 if key in seen:
                     raise ValueError(f"{r.match.event} {c} matched by both {seen[key]} and {r.id}")
                 seen[key] = r.id
         return self
 
-    def for_event(self, kind: str, code: int | None) -> Rule | None:
+    def for_event(self, kind: str, code: int | None, fatal: bool | None = None) -> Rule | None:
         """The rule for an event kind (``xid``/``sxid``) and code, or None.
 
         An XID without a rule of its own gets one from the XID table; a code missing from
-        the table gets an ``xid-other`` rule (never silently ignored).
+        the table gets an ``xid-other`` rule (never silently ignored). SXID rules may match
+        any code and filter on the Fatal/Non-fatal token (``fatal``).
         """
         if code is None:
             return None
         for r in self.rules:
-            if r.match.event == kind and code in r.match.codes:
-                return r
+            m = r.match
+            if m.event != kind or (m.codes and code not in m.codes):
+                continue
+            if m.fatal is not None and m.fatal != bool(fatal):
+                continue
+            return r
         if kind != "xid":
             return None
         cached = self._rule_cache.get(code)

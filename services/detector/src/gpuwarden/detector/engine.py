@@ -17,25 +17,38 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpuwarden.shared.allocations import Allocation, apply_allocation, attributions_at, expire, fan_out
+from gpuwarden.shared.allocations import (
+    ACTIVE_STATES,
+    PENDING_STATES,
+    Allocation,
+    apply_allocation,
+    attributions_at,
+    base_state,
+    expire,
+    fan_out,
+)
 from gpuwarden.shared.models import (
     AttributedEvent,
     AttributedSample,
-    CostEstimate,
     Evidence,
     Failure,
+    FailureState,
     GpuAttribution,
     GpuEvent,
+    GpuSample,
+    HealthCheckResult,
     JobState,
-    stable_id,
+    JobWindow,
+    NodeState,
 )
 
 from .catalog import Catalog, Rule
+from .conditions import ConditionRule, GpuCountDrop, HealthFailed, Reading, Silent, Tracker, evaluate_gpu, evaluate_job
+from .render import Finding, render
 
 __all__ = ["Detector", "Episode"]
 
 MAX_EVIDENCE = 20
-NO_JOB = "which job was affected: no Slurm allocation covered this GPU at the event time"
 
 
 @dataclass
@@ -85,14 +98,87 @@ class Detector:
         self._gpus: dict[tuple[str, int], _GpuInfo] = {}
         self._allocs: dict[str, dict[str, Allocation]] = {}
         self._app_xids: dict[tuple[str, int], list[tuple[float, str]]] = {}
+        self._conditions = {c.id: c for c in catalog.conditions}
+        self._by_scope: dict[str, list[ConditionRule]] = {"gpu": [], "node": [], "job": []}
+        for c in catalog.conditions:
+            self._by_scope[c.scope].append(c)
+        self._trackers: dict[tuple[str, str, int | None, str | None], Tracker] = {}
+        self._prev: dict[tuple[str, int], tuple[float, GpuSample]] = {}
+        self._gpu_count_max: dict[str, int] = {}
+        self._node_last: dict[str, float] = {}
+        self._node_states: dict[str, NodeState] = {}
+        self._watermark = 0.0
+        self._silence_checked = 0.0
+        self._windows: dict[str, dict[float, dict[tuple[str, int], JobWindow]]] = {}
+        self._history: dict[str, list[list[JobWindow]]] = {}
+        self.window_history = 30
 
     # -- inputs ----------------------------------------------------------------------
     def on_sample(self, msg: AttributedSample) -> list[Failure]:
-        """Remember GPU identities (UUID, PCI bus id) of a node, used to enrich events."""
+        """Condition rules of GPU and node scope on one sample; remembers GPU identities."""
         s = msg.sample
+        jobs = {a.gpu_index: a for a in msg.jobs}
+        out: list[Failure] = []
         for g in s.gpus:
             self._gpus[(s.node, g.index)] = _GpuInfo(g.uuid, g.pci_bus_id)
+            prev = self._prev.get((s.node, g.index))
+            dt = s.ts - prev[0] if prev else 0.0
+            job = jobs.get(g.index) or self._job_at(s.node, g.index, s.ts)
+            for rule in self._by_scope["gpu"]:
+                reading = evaluate_gpu(rule.signal, g, prev[1] if prev else None, dt, job is not None)
+                if reading is not None:
+                    out += self._cond(rule, s.node, g.index, s.ts, reading, job, "gpu.attributed")
+            self._prev[(s.node, g.index)] = (s.ts, g)
+        out += self._node_conditions(s.node, s.ts, len(s.gpus))
+        return out
+
+    def on_node(self, state: NodeState) -> list[Failure]:
+        """Remember Slurm's view of a node (a DOWN node is expected to be silent)."""
+        self._node_states[state.node] = state
         return []
+
+    def on_health(self, h: HealthCheckResult) -> list[Failure]:
+        """A failed prolog/epilog check is a ``health-check-failed`` condition on its node (and GPU)."""
+        out: list[Failure] = []
+        for rule in self._by_scope["node"]:
+            if isinstance(rule.signal, HealthFailed):
+                reading = Reading(
+                    not h.passed, f"health_check:{h.check}", h.detail[:200] or str(h.passed), None, "pass"
+                )
+                job = GpuAttribution(gpu_index=h.gpu_index or 0, job_id=h.job_id) if h.job_id else None
+                out += self._cond(rule, h.node, h.gpu_index, h.ts, reading, job, f"health/{h.phase}")
+        return out
+
+    def on_window(self, w: JobWindow) -> list[Failure]:
+        """Job-scope condition rules, once all GPUs of a job reported a window (or a newer one began)."""
+        groups = self._windows.setdefault(w.job_id, {})
+        group = groups.setdefault(w.window_start, {})
+        group[(w.node, w.gpu_index)] = w
+        ready = [
+            start
+            for start in sorted(groups)
+            if start < w.window_start
+            or (start == w.window_start and w.job_gpus is not None and len(group) >= w.job_gpus)
+        ]
+        out: list[Failure] = []
+        for start in ready:
+            windows = sorted(groups.pop(start).values(), key=lambda x: (x.node, x.gpu_index))
+            history = self._history.setdefault(w.job_id, [])
+            first = windows[0]
+            for rule in self._by_scope["job"]:
+                for node, gpu, reading in evaluate_job(rule.signal, windows, history):
+                    src = next((x for x in windows if x.node == node and (gpu is None or x.gpu_index == gpu)), first)
+                    job = GpuAttribution(
+                        gpu_index=src.gpu_index,
+                        job_id=src.job_id,
+                        user=src.user,
+                        partition=src.partition,
+                        job_gpus=src.job_gpus,
+                    )
+                    out += self._cond(rule, node, gpu, src.window_end, reading, job, "job.windows")
+            history.append(windows)
+            del history[: -self.window_history]
+        return out
 
     def on_job(self, job: JobState) -> list[Failure]:
         """Update the allocation table; re-emit open failures this job now explains."""
@@ -101,6 +187,8 @@ class Detector:
             self._allocs[a.node] = expire(apply_allocation(self._allocs.get(a.node, {}), a), job.ts, self.retention_s)
             nodes.add(a.node)
         out = []
+        if base_state(job.state) not in ACTIVE_STATES | PENDING_STATES:
+            out += self._job_ended(job)
         for ep in self.episodes.values():
             if ep.job is None and ep.first.node in nodes and ep.first.gpu_index is not None:
                 ep.job = self._job_at(ep.first.node, ep.first.gpu_index, ep.first.ts)
@@ -115,7 +203,7 @@ class Detector:
         open failure on the same GPU instead of opening one of its own.
         """
         ev = msg.event
-        rule = self.catalog.for_event(ev.kind.value, ev.code)
+        rule = self.catalog.for_event(ev.kind.value, ev.code, ev.fatal)
         if rule is None:
             return []
         evidence = Evidence(
@@ -179,6 +267,126 @@ class Detector:
         return self._observe(rule, note, job, evidence)
 
     # -- helpers ---------------------------------------------------------------------
+    def _node_conditions(self, node: str, ts: float, gpu_count: int) -> list[Failure]:
+        out: list[Failure] = []
+        self._gpu_count_max[node] = max(self._gpu_count_max.get(node, 0), gpu_count)
+        self._node_last[node] = max(self._node_last.get(node, 0.0), ts)
+        self._watermark = max(self._watermark, ts)
+        advanced = self._watermark >= self._silence_checked + 1.0  # check silence once per event-time second
+        if advanced:
+            self._silence_checked = self._watermark
+        for rule in self._by_scope["node"]:
+            sig = rule.signal
+            if isinstance(sig, GpuCountDrop):
+                mx = self._gpu_count_max[node]
+                out += self._cond(
+                    rule,
+                    node,
+                    None,
+                    ts,
+                    Reading(gpu_count < mx, "gpu_count", gpu_count, "GPUs", mx),
+                    None,
+                    "gpu.attributed",
+                )
+            elif isinstance(sig, Silent):
+                out += self._cond(
+                    rule,
+                    node,
+                    None,
+                    ts,
+                    Reading(False, "seconds_since_sample", 0.0, "s", sig.after_s),
+                    None,
+                    "gpu.attributed",
+                )
+                if advanced:
+                    for other, last in sorted(self._node_last.items()):
+                        gap = self._watermark - last
+                        if other == node or gap < sig.after_s or self._down(other):
+                            continue
+                        reading = Reading(True, "seconds_since_sample", gap, "s", sig.after_s)
+                        out += self._cond(rule, other, None, self._watermark, reading, None, "gpu.attributed")
+        return out
+
+    def _down(self, node: str) -> bool:
+        st = self._node_states.get(node)
+        return st is not None and (st.state.upper().startswith(("DOWN", "POWER")) or "POWERED_DOWN" in st.flags)
+
+    def _job_ended(self, job: JobState) -> list[Failure]:
+        """A job that ended resolves its job-scope conditions (nothing left to be idle or slow)."""
+        out: list[Failure] = []
+        end = job.end_ts if job.end_ts is not None else job.ts
+        self._windows.pop(job.job_id, None)
+        self._history.pop(job.job_id, None)
+        for key, tr in list(self._trackers.items()):
+            rule_id, node, gpu, job_id = key
+            if job_id != job.job_id or not tr.opened:
+                continue
+            rule = self._conditions[rule_id]
+            tr.opened, tr.last_seen = False, max(tr.last_seen, end)
+            out.append(
+                self._render_condition(
+                    rule,
+                    node,
+                    gpu,
+                    tr,
+                    FailureState.RESOLVED,
+                    GpuAttribution(gpu_index=gpu or 0, job_id=job.job_id, user=job.user, partition=job.partition),
+                )
+            )
+            del self._trackers[key]
+        return out
+
+    def _cond(
+        self,
+        rule: ConditionRule,
+        node: str,
+        gpu: int | None,
+        ts: float,
+        reading: Reading,
+        job: GpuAttribution | None,
+        source: str,
+    ) -> list[Failure]:
+        key = (rule.id, node, gpu, job.job_id if rule.scope == "job" and job else None)
+        tr = self._trackers.get(key)
+        if tr is None:
+            if not reading.unhealthy:
+                return []
+            tr = self._trackers[key] = Tracker()
+        what = tr.step(rule, ts, reading, source)
+        if not tr.opened and tr.bad_since is None:
+            del self._trackers[key]
+        if what is None or (what == "update" and ts - tr.last_emitted < self.update_interval_s):
+            return []
+        tr.last_emitted = ts
+        state = FailureState.RESOLVED if what == "resolved" else FailureState.OPEN
+        return [self._render_condition(rule, node, gpu, tr, state, job)]
+
+    def _render_condition(
+        self,
+        rule: ConditionRule,
+        node: str,
+        gpu: int | None,
+        tr: Tracker,
+        state: FailureState,
+        job: GpuAttribution | None,
+    ) -> Failure:
+        info = self._gpus.get((node, gpu)) if gpu is not None else None
+        last = tr.evidence[-1] if tr.evidence else None
+        finding = Finding(
+            node=node,
+            gpu_index=gpu,
+            first_seen=tr.first_seen,
+            last_seen=tr.last_seen,
+            occurrences=max(1, tr.occurrences),
+            evidence=tr.evidence,
+            job=job,
+            gpu_uuid=info.uuid if info else None,
+            pci_bus_id=info.pci_bus_id if info else None,
+            message=f"{last.signal}={last.value}{' ' + last.unit if last and last.unit else ''}" if last else "",
+            state=state,
+        )
+        return render(rule, finding, self.price, rule.cost.scope)
+
     def _job_at(self, node: str, gpu: int, ts: float) -> GpuAttribution | None:
         found = attributions_at(self._allocs.get(node, {}), ts, [gpu])
         return found[0] if found else None
@@ -189,39 +397,18 @@ class Detector:
         return ep.failure
 
     def _render(self, ep: Episode) -> Failure:
-        rule, ev, job, info = ep.rule, ep.first, ep.job, ep.info
-        gpu_text = str(ev.gpu_index) if ev.gpu_index is not None else f"at PCI {ev.pci_bus_id or 'unknown'}"
-        job_text = f"job {job.job_id} ({job.user or 'unknown user'})" if job else "no Slurm job (idle GPU)"
-        verdict = rule.verdict.format(node=ev.node, gpu=gpu_text, job_text=job_text, code=ev.code, message=ev.message)
-        cannot = list(rule.cannot_determine)
-        if ev.gpu_index is None:
-            cannot.insert(0, "which GPU index the PCI bus id maps to (no sample from this node yet)")
-        if job is None:
-            cannot.append(NO_JOB)
-        gpus = job.job_gpus if rule.cost.scope == "job" and job is not None and job.job_gpus else 1
-        return Failure(
-            failure_id=stable_id(rule.id, ev.node, ev.gpu_index, ev.ts),
-            pattern=rule.pattern,
-            rule_id=rule.id,
-            category=rule.category,
-            severity=rule.severity,
+        ev, info = ep.first, ep.info
+        finding = Finding(
             node=ev.node,
             gpu_index=ev.gpu_index,
-            gpu_uuid=ev.gpu_uuid or (info.uuid if info else None),
-            pci_bus_id=ev.pci_bus_id or (info.pci_bus_id if info else None),
-            job_id=job.job_id if job else None,
-            user=job.user if job else None,
-            partition=job.partition if job else None,
             first_seen=ev.ts,
             last_seen=ep.last_seen,
             occurrences=ep.occurrences,
-            evidence=list(ep.evidence),
-            verdict=verdict,
-            cannot_determine=cannot,
-            recommended_action=rule.action,
-            cost=CostEstimate(
-                affected_gpus=gpus,
-                usd_per_hour=round(gpus * self.price, 4),
-                gpu_hours_lost=round(gpus * max(0.0, ep.last_seen - ev.ts) / 3600.0, 6),
-            ),
+            evidence=ep.evidence,
+            job=ep.job,
+            gpu_uuid=ev.gpu_uuid or (info.uuid if info else None),
+            pci_bus_id=ev.pci_bus_id or (info.pci_bus_id if info else None),
+            code=ev.code,
+            message=ev.message,
         )
+        return render(ep.rule, finding, self.price, ep.rule.cost.scope)

@@ -1,4 +1,5 @@
-"""The detector service: ``gpu.events.attributed`` + ``gpu.attributed`` + ``slurm.jobs`` -> ``failures``."""
+"""The detector service: attributed events and samples, job windows, Slurm state and health
+check results -> ``failures``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ from typing import Any
 from pydantic import Field
 
 from gpuwarden.shared.bus import Producer
-from gpuwarden.shared.models import AttributedEvent, AttributedSample, Failure, JobState
+from gpuwarden.shared.models import (
+    AttributedEvent,
+    AttributedSample,
+    Failure,
+    HealthCheckResult,
+    JobState,
+    JobWindow,
+    NodeState,
+)
 from gpuwarden.shared.service import Service
 from gpuwarden.shared.settings import ServiceSettings
 
@@ -42,7 +51,10 @@ class DetectorService(Service):
         self.failures_out = 0
 
     async def on_start(self) -> None:
-        self.consume(["gpu.events.attributed", "gpu.attributed", "slurm.jobs"], self.handle)
+        self.consume(
+            ["gpu.events.attributed", "gpu.attributed", "slurm.jobs", "slurm.nodes", "job.windows", "health"],
+            self.handle,
+        )
 
     async def handle(self, topic: str, value: Any, _record: Any = None) -> None:
         """Apply the engine to one decoded message and publish what it yields."""
@@ -52,6 +64,12 @@ class DetectorService(Service):
             out = self.detector.on_sample(value)
         elif isinstance(value, JobState):
             out = self.detector.on_job(value)
+        elif isinstance(value, JobWindow):
+            out = self.detector.on_window(value)
+        elif isinstance(value, NodeState):
+            out = self.detector.on_node(value)
+        elif isinstance(value, HealthCheckResult):
+            out = self.detector.on_health(value)
         else:  # pragma: no cover - the consumer only delivers registered models
             raise TypeError(f"unexpected {type(value).__name__} on {topic}")
         for f in out:

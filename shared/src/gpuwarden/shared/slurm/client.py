@@ -14,29 +14,35 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal, Protocol
 
 from ..models import JobState, NodeState
 from .names import validate_node_name
 from .parse import (
+    TERMINAL_JOB_STATES,
+    SinfoJsonParser,
+    SqueueJsonParser,
     parse_sacct_json,
     parse_scontrol_job_gpus,
     parse_scontrol_nodes,
-    parse_sinfo_json,
-    parse_squeue_json,
 )
 
 __all__ = [
+    "ENDED_STATES_ARG",
     "MAX_REASON_LEN",
     "CliSlurm",
     "CommandResult",
     "CommandRunner",
     "SlurmAccounting",
     "SlurmClient",
+    "SlurmEndedJobs",
     "SlurmError",
     "SubprocessRunner",
     "check_reason",
     "drain_argv",
+    "ended_after",
+    "sacct_ended_argv",
 ]
 
 log = logging.getLogger(__name__)
@@ -150,6 +156,34 @@ class SlurmAccounting(Protocol):
         ...
 
 
+class SlurmEndedJobs(Protocol):
+    """Slurm accounting by time: which jobs ended in a window. The slurm-watcher asks it when it
+    takes over the lease, for ends that happened while no watcher published."""
+
+    async def ended_since(self, since: float) -> list[JobState]:
+        """Accounting records (allocations, ``confirmed=True``, ``gpus`` empty) of the jobs that
+        ended at or after ``since`` (epoch s) in a terminal state. Raises :class:`SlurmError`
+        (accounting unreachable) or ``ValueError`` (unexpected output)."""
+        ...
+
+
+ENDED_STATES_ARG = "CD,F,CA,TO,NF,PR,OOM,BF,DL"
+"""``sacct -s`` short names of the terminal job states (:data:`TERMINAL_JOB_STATES` less ``ENDED``)."""
+
+
+def sacct_ended_argv(since: float, sacct: str = "sacct") -> list[str]:
+    """argv of ``sacct --json -X -a -S <since> -E now -s <terminal states>``: every user's
+    allocations that were in a terminal state at or after ``since`` (epoch s, given to sacct in
+    the local time of this machine, as sacct reads it). Pure."""
+    start = datetime.fromtimestamp(since).strftime("%Y-%m-%dT%H:%M:%S")
+    return [sacct, "--json", "-X", "-a", "-S", start, "-E", "now", "-s", ENDED_STATES_ARG]
+
+
+def ended_after(records: list[JobState], since: float) -> list[JobState]:
+    """The records in a terminal state whose end is unknown or at/after ``since``. Pure."""
+    return [r for r in records if r.state in TERMINAL_JOB_STATES and (r.end_ts is None or r.end_ts >= since)]
+
+
 _JOB_ID_RE = re.compile(r"\d+(?:_\d+)?(?:\+\d+)?")
 
 
@@ -216,6 +250,8 @@ class CliSlurm:
         self.backoff_s = backoff_s
         self.now = now
         self.bin = bin_prefix
+        self._squeue = SqueueJsonParser()  # reuses unchanged job records between polls
+        self._sinfo = SinfoJsonParser()
 
     async def _run(self, argv: list[str], *, read: bool) -> CommandResult:
         res: CommandResult | None = None
@@ -248,7 +284,7 @@ class CliSlurm:
     async def jobs(self) -> list[JobState]:
         ts = self.now()
         res = await self._read([f"{self.bin}squeue", "--json"])
-        jobs, need = parse_squeue_json(res.stdout, ts)
+        jobs, need = self._squeue.parse(res.stdout, ts)
         if not need:
             return jobs
         detail: dict[str, dict[str, list[int]]] = {}
@@ -264,7 +300,7 @@ class CliSlurm:
     async def nodes(self) -> list[NodeState]:
         ts = self.now()
         res = await self._read([f"{self.bin}sinfo", "--json"])
-        return parse_sinfo_json(res.stdout, ts)
+        return self._sinfo.parse(res.stdout, ts)
 
     async def accounting(self, job_ids: Sequence[str]) -> list[JobState]:
         """``sacct --json -X -j ID,...`` (allocations only), parsed by ``parse_sacct_json``.
@@ -281,6 +317,18 @@ class CliSlurm:
         ts = self.now()
         res = await self._read([f"{self.bin}sacct", "--json", "-X", "-j", ",".join(job_ids)])
         return parse_sacct_json(res.stdout, ts)
+
+    async def ended_since(self, since: float) -> list[JobState]:
+        """:class:`SlurmEndedJobs`: ``sacct --json -X -a -S <since> -E now -s CD,F,CA,...``
+        (see :func:`sacct_ended_argv`), filtered by :func:`ended_after`.
+
+        Raises:
+            SlurmError: sacct failed (slurmdbd unreachable...).
+            ValueError: unexpected output.
+        """
+        ts = self.now()
+        res = await self._read(sacct_ended_argv(since, f"{self.bin}sacct"))
+        return ended_after(parse_sacct_json(res.stdout, ts), since)
 
     async def node(self, name: str) -> NodeState | None:
         validate_node_name(name)

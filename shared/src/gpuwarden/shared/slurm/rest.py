@@ -20,7 +20,7 @@ import orjson
 from ..models import JobState, NodeState
 from .client import CommandResult, SlurmError, check_reason
 from .names import validate_node_name
-from .parse import parse_sacct_json, parse_sinfo_json, parse_squeue_json
+from .parse import SinfoJsonParser, SqueueJsonParser, parse_sacct_json, parse_sinfo_json
 
 __all__ = ["AiohttpTransport", "HttpTransport", "RestSlurm"]
 
@@ -115,6 +115,8 @@ class RestSlurm:
         self.retries = max(0, retries)
         self.backoff_s = backoff_s
         self.now = now
+        self._squeue = SqueueJsonParser()  # reuses unchanged job records between polls
+        self._sinfo = SinfoJsonParser()
 
     async def close(self) -> None:
         """Close the transport's connections (if it has any)."""
@@ -150,7 +152,7 @@ class RestSlurm:
         detail cannot be matched to nodes are logged and keep ``gpus={}``."""
         ts = self.now()
         _, body = await self._get(f"/slurm/{self.ver}/jobs")
-        jobs, need = parse_squeue_json(body, ts)
+        jobs, need = self._squeue.parse(body, ts)
         if need:
             log.info("slurmrestd: no per-node GPU indices for jobs %s", ",".join(need[:10]))
         return jobs
@@ -159,7 +161,7 @@ class RestSlurm:
         """``GET /slurm/{v}/nodes``."""
         ts = self.now()
         _, body = await self._get(f"/slurm/{self.ver}/nodes")
-        return parse_sinfo_json(body, ts)
+        return self._sinfo.parse(body, ts)
 
     async def node(self, name: str) -> NodeState | None:
         """``GET /slurm/{v}/node/{name}``; ``None`` when slurmrestd answers "Invalid node name"."""

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from ..models import JobState, NodeState
 from ..scenario import Scenario, ScenarioClock
-from .client import CommandResult, check_reason, drain_argv
+from .client import CommandResult, check_reason, drain_argv, ended_after
 
 __all__ = ["JOB_RETENTION_S", "FakeSlurm", "SimulatedSlurm"]
 
@@ -184,7 +184,9 @@ class SimulatedSlurm:
 class FakeSlurm:
     """In-memory :class:`SlurmClient` for tests: set ``jobs_list`` / ``nodes_map`` directly;
     ``calls`` records every ``update_node`` (name, state, reason); ``fail_with`` makes the
-    next updates return that exit code; ``raise_on_read`` makes reads raise it."""
+    next updates return that exit code; ``raise_on_read`` makes reads raise it. Accounting
+    (``accounting()``, ``ended_since()``) answers from ``accounting_map``, or raises
+    ``accounting_error``; calls are recorded in ``accounting_calls`` / ``ended_since_calls``."""
 
     def __init__(self, nodes: list[NodeState] | None = None, jobs: list[JobState] | None = None) -> None:
         self.nodes_map: dict[str, NodeState] = {n.node: n for n in nodes or []}
@@ -196,6 +198,7 @@ class FakeSlurm:
         self.accounting_map: dict[str, JobState] = {}
         self.accounting_error: Exception | None = None
         self.accounting_calls: list[list[str]] = []
+        self.ended_since_calls: list[float] = []
 
     async def accounting(self, job_ids: list[str] | tuple[str, ...]) -> list[JobState]:
         """Records of ``accounting_map`` for these ids (``SlurmAccounting``); raises
@@ -204,6 +207,14 @@ class FakeSlurm:
         if self.accounting_error:
             raise self.accounting_error
         return [self.accounting_map[j] for j in job_ids if j in self.accounting_map]
+
+    async def ended_since(self, since: float) -> list[JobState]:
+        """Records of ``accounting_map`` that ended at or after ``since`` (``SlurmEndedJobs``);
+        raises ``accounting_error`` if set."""
+        self.ended_since_calls.append(since)
+        if self.accounting_error:
+            raise self.accounting_error
+        return ended_after(list(self.accounting_map.values()), since)
 
     async def jobs(self) -> list[JobState]:
         if self.raise_on_read:
