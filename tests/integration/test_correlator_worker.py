@@ -93,7 +93,7 @@ async def test_worker_attributes_samples_and_events_and_dead_letters(
     correlator: tuple[subprocess.Popen[bytes], int, float], kafka_bootstrap: str, topic_prefix: str
 ) -> None:
     proc, port, t0 = correlator
-    t = lambda short: f"{topic_prefix}{short}"  # noqa: E731
+    t = lambda short: f"{topic_prefix}{short}"
     now = time.time()
     job = JobState(
         job_id="1001",

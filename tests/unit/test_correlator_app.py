@@ -32,8 +32,11 @@ def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUWARDEN_CORRELATOR_RETENTION_S", "120")
     monkeypatch.setenv("GPUWARDEN_CORRELATOR_PARTITIONS", "2")
     monkeypatch.setenv("GPUWARDEN_CONSUMER_GROUP", "my-group")
+    monkeypatch.setenv("GPUWARDEN_CORRELATOR_WINDOW_S", "30")
+    monkeypatch.setenv("GPUWARDEN_CORRELATOR_WINDOW_GRACE_S", "2.5")
     s = CorrelatorSettings()
     assert (s.correlator_retention_s, s.correlator_partitions, s.app_id) == (120.0, 2, "my-group")
+    assert (s.correlator_window_s, s.correlator_window_grace_s) == (30.0, 2.5)
     monkeypatch.delenv("GPUWARDEN_CONSUMER_GROUP")
     assert CorrelatorSettings().app_id == "gpuwarden-correlator"
 
@@ -60,9 +63,13 @@ def test_create_app_configuration(tmp_path: Any) -> None:
         "correlate-allocations",
         "correlate-gpu.samples",
         "correlate-gpu.events",
+        "correlate-gpu.attributed",
     }
     topics = {t for a in app.agents.values() for t in a.channel.topics}  # type: ignore[attr-defined]
-    assert topics == {"x.slurm.jobs", "x.allocations", "x.gpu.samples", "x.gpu.events"}
+    assert topics == {"x.slurm.jobs", "x.allocations", "x.gpu.samples", "x.gpu.events", "x.gpu.attributed"}
+    assert app.windows_table.changelog_topic.get_topic_name() == "gpuwarden-correlator-x.node-windows-changelog"
+    assert app.windows_table.partitions == 2
+    assert (app.core.window_s, app.core.window_grace_s) == (10.0, 5.0)
     table = app.allocations_table
     assert table.changelog_topic.get_topic_name() == "gpuwarden-correlator-x.node-allocations-changelog"
     assert table.partitions == 2
@@ -119,6 +126,22 @@ async def test_agents_join_samples_and_events_with_the_table(sent: list[tuple[st
     assert aev.job.job_id == "1001"
     assert [d.source_topic for d in by_topic["x.deadletter"]] == ["x.slurm.jobs", "x.gpu.events"]
     assert app.first_output_at is not None
+
+    # The attributed samples it published go through the window agent: the window closes
+    # once a later sample pushes the node's watermark past its end + grace.
+    later = NodeSample(node=NODE, ts=30, collector_id="c", source="simulated", gpus=[GpuSample(index=0)])
+    async with app.agents["correlate-gpu.samples"].test_context() as agent:
+        await agent.put(later.to_json(), key=NODE.encode())
+    attributed = [v for name, _k, v in sent if name == "x.gpu.attributed"]
+    async with app.agents["correlate-gpu.attributed"].test_context() as agent:
+        for v in attributed:
+            await agent.put(v, key=NODE.encode())
+    windows = [(k, decode("job.windows", v)) for name, k, v in sent if name == "x.job.windows"]
+    assert [(k, w.job_id, w.gpu_index, w.window_start, w.samples) for k, w in windows] == [
+        (b"1001", "1001", 0, 10.0, 1),
+        (b"1001", "1001", 1, 10.0, 1),
+    ]
+    assert set(app.windows_table.get(NODE)["w"]) == {"1001|0|30.0"}
 
 
 def test_cli_help() -> None:

@@ -5,9 +5,10 @@ Topology (section 3 of DESIGN.md)::
     slurm.jobs  --fan out per node-->  allocations (keyed by node)  --> table node -> allocations
     gpu.samples (keyed by node) --join with table--> gpu.attributed
     gpu.events  (keyed by node) --join with table--> gpu.events.attributed
+    gpu.attributed (keyed by node) --table node -> open windows--> job.windows (keyed by job)
     bad input on any of them    -->  deadletter
 
-``allocations``, ``gpu.samples`` and ``gpu.events`` are keyed by node with the same
+``allocations``, ``gpu.samples``, ``gpu.events`` and ``gpu.attributed`` are keyed by node with the same
 partition count and the same (murmur2) partitioner, so the table partition holding a
 node's allocations is processed by the worker that gets that node's samples.
 
@@ -64,6 +65,7 @@ class CorrelatorApp(faust.App):
 
     core: Correlator
     allocations_table: Any
+    windows_table: Any
     first_output_at: float | None = None
 
 
@@ -130,15 +132,26 @@ def create_app(
         key_type=str,
         help="node -> {job id: allocation}",
     )
+    windows_table = app.Table(
+        f"{settings.topic_prefix}node-windows",
+        default=None,
+        partitions=parts,
+        key_type=str,
+        help="node -> {watermark, open (job, gpu, window) accumulators}",
+    )
     core = Correlator(
         TableStore(table),
         settings.topic,
         settings.correlator_retention_s,
         metrics or ServiceMetrics("correlator"),
         clock,
+        windows=TableStore(windows_table),
+        window_s=settings.correlator_window_s,
+        window_grace_s=settings.correlator_window_grace_s,
     )
     app.core = core
     app.allocations_table = table
+    app.windows_table = windows_table
     outputs = {s: app.topic(settings.topic(s), key_serializer="raw", value_serializer="raw") for s in OUTPUT_TOPICS}
 
     def make_agent(short: str) -> Callable[[Any], Any]:
@@ -176,15 +189,17 @@ async def discover_partitions(settings: CorrelatorSettings, timeout_s: float = 3
     finally:
         await client.close()
     counts: dict[str, int] = {}
-    for short in (*INPUT_TOPICS, "gpu.attributed", "gpu.events.attributed", "deadletter"):
+    for short in (*INPUT_TOPICS, "gpu.events.attributed", "job.windows", "deadletter"):
         full = settings.topic(short)
         p = md.partitions_for_topic(full)
         if not p:
             raise RuntimeError(f"topic {full} does not exist: create the topics first (gpuwarden topics create)")
         counts[short] = len(p)
-    keyed = {counts[s] for s in ("allocations", "gpu.samples", "gpu.events")}
+    keyed = {counts[s] for s in ("allocations", "gpu.samples", "gpu.events", "gpu.attributed")}
     if len(keyed) != 1:
-        raise RuntimeError(f"allocations, gpu.samples and gpu.events must have the same partition count: {counts}")
+        raise RuntimeError(
+            f"allocations, gpu.samples, gpu.events and gpu.attributed must have the same partition count: {counts}"
+        )
     return keyed.pop()
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
+from prometheus_client import Counter
 from pydantic import ValidationError
 
 from gpuwarden.shared.allocations import (
@@ -32,16 +33,18 @@ from gpuwarden.shared.allocations import (
 )
 from gpuwarden.shared.bus import decode
 from gpuwarden.shared.metrics import ServiceMetrics
-from gpuwarden.shared.models import DeadLetter, GpuEvent, JobState, NodeSample, dumps
+from gpuwarden.shared.models import AttributedSample, DeadLetter, GpuEvent, JobState, NodeSample, dumps
+
+from .windows import add_sample
 
 __all__ = ["INPUT_TOPICS", "OUTPUT_TOPICS", "AllocationStore", "Correlator", "MemoryAllocationStore", "Output"]
 
 log = logging.getLogger(__name__)
 
 #: Short names of the topics the correlator consumes (``allocations`` is its own repartition).
-INPUT_TOPICS = ("slurm.jobs", "allocations", "gpu.samples", "gpu.events")
+INPUT_TOPICS = ("slurm.jobs", "allocations", "gpu.samples", "gpu.events", "gpu.attributed")
 #: Short names of the topics it produces.
-OUTPUT_TOPICS = ("allocations", "gpu.attributed", "gpu.events.attributed", "deadletter")
+OUTPUT_TOPICS = ("allocations", "gpu.attributed", "gpu.events.attributed", "job.windows", "deadletter")
 
 SERVICE = "correlator"
 
@@ -85,6 +88,10 @@ class Correlator:
         retention_s: keep ended allocations this long in event time, so late samples attribute.
         metrics: counters to update (messages in/out, dead-lettered, errors).
         clock: wall clock, used only for the ``ts`` of a dead letter (when it was rejected).
+        windows: the node -> open windows table (:mod:`~gpuwarden.correlator.windows` state);
+            a dict-backed store if not given.
+        window_s: tumbling window length of ``job.windows``, s (event time).
+        window_grace_s: how long past its end a window waits for late samples, s (event time).
     """
 
     def __init__(
@@ -94,8 +101,17 @@ class Correlator:
         retention_s: float = 3600.0,
         metrics: ServiceMetrics | None = None,
         clock: Callable[[], float] = time.time,
+        windows: AllocationStore | None = None,
+        window_s: float = 10.0,
+        window_grace_s: float = 5.0,
     ) -> None:
         self.store = store
+        self.windows: AllocationStore = windows if windows is not None else MemoryAllocationStore()
+        self.window_s = window_s
+        self.window_grace_s = window_grace_s
+        #: Samples (per GPU) that came after their window had closed.
+        self.late_samples = 0
+        self._late_counter = _late_counter(metrics) if metrics else None
         self.topic_name = topic_name
         self.retention_s = retention_s
         self.metrics = metrics
@@ -106,6 +122,7 @@ class Correlator:
             "allocations": self._on_allocation,
             "gpu.samples": self._on_sample,
             "gpu.events": self._on_event,
+            "gpu.attributed": self._on_attributed,
         }
 
     def handle(
@@ -167,6 +184,27 @@ class Correlator:
         allocs = self._expired(event.node, event.ts)
         return [Output("gpu.events.attributed", event.node, dumps(attribute_event(event, allocs)))]
 
+    def _on_attributed(self, value: bytes | None) -> list[Output]:
+        att = decode("gpu.attributed", value)
+        assert isinstance(att, AttributedSample)
+        node = att.sample.node
+        step = add_sample(self.windows.get(node), att, self.window_s, self.window_grace_s)
+        self.windows.set(node, step.state)
+        for job, _node, gpu, start in step.late:
+            self.late_samples += 1
+            if self._late_counter is not None:
+                self._late_counter.inc()
+            log.warning(
+                "correlator: late sample for closed window job %s node %s gpu %s window %s (ts %s, grace %ss)",
+                job,
+                node,
+                gpu,
+                start,
+                att.sample.ts,
+                self.window_grace_s,
+            )
+        return [Output("job.windows", w.job_id, dumps(w)) for w in step.closed]
+
     # -- helpers --------------------------------------------------------------------
     def _allocations(self, node: str) -> dict[str, Allocation]:
         raw = self.store.get(node)
@@ -215,3 +253,17 @@ def _short_error(exc: Exception) -> str:
         errs = exc.errors()[:5]
         return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errs)
     return str(exc)
+
+
+def _late_counter(metrics: ServiceMetrics) -> Counter:
+    """The ``gpuwarden_late_samples`` counter of ``metrics`` (created once per registry)."""
+    existing = getattr(metrics, "late_samples", None)
+    if isinstance(existing, Counter):
+        return existing
+    c = Counter(
+        "gpuwarden_late_samples",
+        "GPU readings that arrived after their job window had closed (not folded in), count",
+        registry=metrics.registry,
+    )
+    metrics.late_samples = c  # type: ignore[attr-defined]
+    return c

@@ -26,6 +26,10 @@ class CorrelatorSettings(ServiceSettings):
     correlator_retention_s: float = Field(
         3600.0, gt=0, description="Keep ended job allocations this long (event time, s) so late samples attribute"
     )
+    correlator_window_s: float = Field(10.0, gt=0, description="Tumbling window length of job.windows, s (event time)")
+    correlator_window_grace_s: float = Field(
+        5.0, ge=0, description="A window closes when the node's sample watermark passes its end + this, s"
+    )
     correlator_session_timeout_s: float = Field(
         6.0, gt=0, description="Kafka consumer session timeout, s (a restart on Tansu waits this long)"
     )
