@@ -24,14 +24,13 @@ from .settings import CollectorSettings
 from .sources import (
     SOURCES,
     EventDeduper,
-    FileFollower,
-    KmsgReader,
     LineReader,
     NvmlEventWatcher,
     NvmlSource,
     Paced,
     ReplaySource,
     Source,
+    open_kernel_log,
     register_source,
 )
 
@@ -46,18 +45,15 @@ def _nodes(expr: str | None) -> list[str] | None:
 
 @register_source("nvml")
 def _nvml_source(settings: CollectorSettings) -> Source:
-    from pathlib import Path
 
     import pynvml
 
     reader: LineReader | None = None
     kl = settings.collector_kernel_log
     if kl:
-        if kl.startswith("/dev/"):
-            # kmsg stamps are CLOCK_MONOTONIC microseconds: boot epoch = now - monotonic now
-            reader = KmsgReader(kl, state_path=settings.collector_kmsg_state, boot_ts=time.time() - time.monotonic())
-        else:
-            reader = FileFollower(Path(kl), from_end=True)
+        # kmsg stamps are CLOCK_MONOTONIC microseconds: boot epoch = now - monotonic now;
+        # an unreadable /dev/kmsg falls back to `journalctl -k -f`
+        reader = open_kernel_log(kl, settings.collector_kmsg_state, boot_ts=time.time() - time.monotonic())
     watcher = NvmlEventWatcher(pynvml, settings.collector_node, time.time) if settings.collector_nvml_events else None
     return NvmlSource(
         pynvml,

@@ -9,9 +9,10 @@ Values model an HGX H100 80GB node (SXM5, 700 W, 1980 MHz max SM clock).
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
@@ -58,33 +59,54 @@ def uuid_of(seed: int, node: str, index: int) -> str:
 
 
 # Driver texts per XID (from real kernel logs, see tests/fixtures/xid-logs and NVIDIA's XID catalog).
-_XID_TEXT: dict[int, tuple[bool, str]] = {  # code -> (printed with pid/name?, text)
+# code -> (printed with pid/name?, text); "{link}" is the fault's NVLink (default 4).
+_XID_TEXT: dict[int, tuple[bool, str]] = {
+    8: (True, "Ch 00000010"),
     13: (True, "Graphics SM Warp Exception on (GPC 4, TPC 1, SM 0): Out Of Range Address"),
     31: (
         True,
         "channel 0x00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS GPC2 GPCCLIENT_PROP_0 faulted @ "
         "0x7f1e_2a000000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ",
     ),
+    32: (True, "Channel ID 00000010 intr0 00040000"),
+    38: (True, "Ch 00000010"),
     43: (True, "Ch 00000008"),
+    44: (True, "Ch 00000010, engmask 00000101, intr 10000000"),
     45: (True, "Ch 00000008"),
     48: (
         True,
         "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at physAddr "
         "0x12bac1c3e0 partition 2, subpartition 1.",
     ),
+    61: (False, "0cec(3098) 00000000 00000000"),
+    62: (False, "0ce4(2d10) 00000000 00000000"),
     63: (True, "Row Remapper: New row (0x00000012bac1c3e0) marked for remapping, reset gpu to activate."),
     64: (True, "Row Remapper: Failed to remap row (0x00000012bac1c3e0), reset gpu to activate."),
-    74: (False, "NVLink: fatal error detected on link 4(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)"),
+    68: (True, "NVDEC0 Exception: Invalid MMU fault"),
+    69: (True, "Class Error: ChId 0010, Class 0000c7c0, Offset 00000000, Data 00000000, ErrorCode 0000000d"),
+    74: (False, "NVLink: fatal error detected on link {link}(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)"),
     79: (False, "GPU has fallen off the bus."),
     92: (True, "High single-bit ECC error rate detected."),
     94: (True, "Contained: SM (0x1). RST: No, D-RST: No"),
     95: (True, "Uncontained: FBHUB. RST: Yes, D-RST: No"),
+    109: (True, "Ch 00000010, errorString CTX SWITCH TIMEOUT, Info 0x3c040"),
     119: (
         True,
         "Timeout after 6s of waiting for RPC response from GPU4 GSP! Expected function 76 "
         "(GSP_RM_CONTROL) (0x20801813 0x4c).",
     ),
     120: (True, "GSP task exception: (0x0) timeout."),
+    122: (False, "SPI PMU RPC read fail"),
+    123: (False, "SPI PMU RPC write fail"),
+    136: (False, "Link Training failed: link {link}"),
+    140: (True, "An uncorrectable ECC error detected (possible firmware handling failure) DRAM:-1, LTC:0, MMU:0, RM:0"),
+    143: (False, "GPU Initialization Failure"),
+    145: (False, "NVLink: RLW Error on link {link}"),
+    149: (
+        False,
+        "NETIR_LINK_EVT Fatal XC0 i0 Link {link} (0x00000004 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)",
+    ),
+    154: (False, "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"),
 }
 _UNKNOWN_PID = "pid='<unknown>', name=<unknown>, "
 
@@ -93,9 +115,11 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S,%f+00:00")
 
 
-def xid_line(ts: float, pci: str, code: int, pid: int | None, name: str = "python3") -> str:
-    """A kernel-log XID line as ``dmesg --time-format iso`` prints it, in the driver's real format."""
+def xid_line(ts: float, pci: str, code: int, pid: int | None, name: str = "python3", link: int | None = None) -> str:
+    """A kernel-log XID line as ``dmesg --time-format iso`` prints it, in the driver's real format
+    (text per code from real logs; an unlisted code gets the generic ``Ch 00000008`` form)."""
     with_pid, text = _XID_TEXT.get(code, (True, "Ch 00000008"))
+    text = text.replace("{link}", str(link if link is not None else 4))
     bus = pci.rsplit(".", 1)[0]
     who = ""
     if with_pid:
@@ -117,6 +141,8 @@ def sxid_line(ts: float, switch: int, code: int, link: int | None) -> str:
 
 @dataclass
 class _Gpu:
+    """Raw telemetry of one simulated GPU at one scenario second (NVML units after conversion)."""
+
     util: float
     mem_util: float
     mem_used_mib: float
@@ -124,6 +150,8 @@ class _Gpu:
     power_w: float
     sm_mhz: float
     reasons: int
+    tensor: float = 0.0  # GPM any-tensor activity, %
+    occupancy: float = 0.0  # GPM SM occupancy, %
     sbe: int = 0
     dbe: int = 0
     remap_pending: bool = False
@@ -132,6 +160,35 @@ class _Gpu:
     link_gen: int = 5
     link_width: int = 16
     lost: bool = False
+    pcie_rx_factor: float = 120.0  # PCIe RX KB/s per % of utilisation
+    procs: list[tuple[int, float]] = field(default_factory=list)  # (pid, used MiB)
+    links_down: frozenset[int] = frozenset()
+    link_errors: dict[int, tuple[int, int, int, int]] = field(
+        default_factory=dict
+    )  # link -> replay, recovery, flit, data
+    retired: tuple[int, int, bool] | None = None  # (SBE pages, DBE pages, pending); None = not supported
+
+
+_PRE_AMPERE = ("V100", "P100", "T4", "P40", "P4")  # page retirement instead of row remapping
+_GPM_MODELS = ("H100", "H200", "H800", "H20", "GH200", "B100", "B200", "GB200", "B300")  # GPM: Hopper and newer
+NVLINKS = 18
+
+
+class _GpmSample(ctypes.Structure):
+    """What the fake stores in an ``nvmlGpmSample_t``: which GPU, at which scenario second."""
+
+    _fields_ = [("gpu", ctypes.c_int), ("t", ctypes.c_double)]
+
+
+def _speed(f: Fault) -> float:
+    """A straggler/clocks-low ``factor`` as the fraction of normal speed: 0.6 stays 0.6, a factor
+    above 1 (``2`` = twice as slow) becomes its inverse; absent = 0.6."""
+    x = f.factor if f.factor is not None else 0.6
+    return 1 / x if x > 1 else max(x, 0.01)
+
+
+def _job_hash(job_id: str) -> int:
+    return int(hashlib.sha256(job_id.encode()).hexdigest()[:8], 16)
 
 
 class FakeNvml:
@@ -140,11 +197,54 @@ class FakeNvml:
     The node's state at scenario second ``t`` (``self.t`` when set, else the clock's current
     scenario second) follows the scenario's jobs (profile per GPU) and faults. Noise comes
     from an RNG seeded with (scenario seed, node, gpu, tick), so two runs agree exactly.
-    A GPU behind ``gpu-lost`` or XID 79 raises ``NVMLError`` GPU_IS_LOST from then on;
-    ``gpu-missing`` removes it from the enumeration.
+
+    Job profiles (HGX H100 values; the raw signal only):
+
+    * ``training`` - synchronous data-parallel steps of 8-12 s (per job, all its GPUs in
+      phase): compute (util 94-100 %, 600-690 W, tensor 55-75 %), a 1 s step-boundary dip
+      (util 55-75 %, ~330 W) and a 2 s NCCL all-reduce phase (util stays 97-100 %: the
+      communication kernels occupy the SMs, but power ~420 W, tensor < 5 %).
+    * ``inference`` - bursty: per GPU and 5 s window a burst (util 55-90 %) or a lull (5-25 %).
+    * ``input-bound`` - the GPU waits for data: duty 15-40 % per second, power to match,
+      high PCIe RX.
+    * ``checkpoint-heavy`` - training, but the last 15 s of every 120 s (from the job start)
+      are an all-GPU pause (util 0, ~120 W, idle clocks, memory kept).
+    * ``idle`` - allocated, unused: 0 %, ~70 W, idle clocks, ``gpu_idle`` reason, ~0.5 GiB.
+    * ``partial-idle`` - the upper half of the job's GPUs on the node idle, the rest training.
+    * ``memory-leak`` - training whose memory grows 200 MiB/s from 30 GiB up to 256 MiB short
+      of the total.
+    * ``low-tensor`` - SMs busy (util 95-100 %, occupancy 35-55 %) but tensor activity 1-5 %.
+
+    Faults (only raw telemetry and, via :class:`KernelLogGenerator`, log lines):
+
+    * ``gpu-lost`` / ``xid`` 79 - every call on the GPU raises ``GPU_IS_LOST`` (back after
+      ``duration_s`` for gpu-lost); ``gpu-missing`` - the GPU is absent from the enumeration
+      (count drops, later GPUs shift down one index, as NVML numbers them).
+    * ``ecc-dbe`` and ``xid`` 48/94/95 - volatile and aggregate DBE count +1 each, row remap
+      pending (HBM); ``ecc-sbe-storm`` - SBE counter +50/s; ``row-remap-pending`` /
+      ``row-remap-failed`` - the remapper's pending / failure flags (+ uncorrectable rows);
+      ``retired-pages`` - 2 SBE + 1 DBE retired pages, retirement pending (the page-retirement
+      calls answer NOT_SUPPORTED on HBM GPUs without such a fault, as Ampere+ do).
+    * ``nvlink-errors`` - replay +12/s, CRC flit +40/s, CRC data +3/s, recovery +1/30 s on
+      ``link`` (all links when absent); ``nvlink-down`` - ``link`` (or all) inactive.
+    * ``pcie-degraded`` - link at Gen3 x8 of Gen5 x16; ``pcie-replays`` - replay counter +20/s.
+    * ``thermal-throttle`` - temperature 87-89 C (slowdown 89 C), ``sw_thermal_slowdown``,
+      SM clock falling from 75 % to 55 % of max over 25 s, power -25 %.
+    * ``power-brake`` - ``hw_slowdown`` + ``hw_power_brake_slowdown``, SM <= 810 MHz, <= 320 W.
+    * ``power-cap`` - ``sw_power_cap``, 690-700 W at the 700 W limit, SM <= 1410 MHz.
+    * ``clocks-low`` - SM clock x speed with no throttle reason.
+    * ``straggler-gpu`` / ``straggler-node`` - util, SM clock and power x speed (see
+      :func:`_speed`; ``factor`` 0.6 or 1.67 both mean 60 % speed).
+    * ``collective-hang`` - every GPU of every job holding the fault's node (or GPU) at
+      ``at_s``, on all that job's nodes: util 100 %, ~115 W, memory util 0, tensor 0.
+    * ``zombie-process`` - on a GPU without a job: a compute process with ~60 GiB, ~90 W.
+    * ``telemetry-silent`` - handled by :class:`SimulatedSource` (no samples).
+    * ``health-check-fail`` - nothing here: a failing health check shows in the health
+      checker's own results, not in NVML telemetry or the kernel log.
     """
 
     NVMLError = pynvml.NVMLError
+    c_nvmlGpmMetricsGet_t = pynvml.c_nvmlGpmMetricsGet_t
 
     def __init__(self, scenario: Scenario, clock: ScenarioClock, node: str) -> None:
         self.scenario = scenario
@@ -153,20 +253,41 @@ class FakeNvml:
         self.t: float | None = None
         self.gpus = scenario.cluster.gpus_per_node
         self.calls = 0
+        model = scenario.cluster.gpu_model.upper()
+        self.page_retirement = any(m in model for m in _PRE_AMPERE)
+        self.gpm = any(m in model for m in _GPM_MODELS)
         self._faults = [f for f in scenario.faults if f.node == node]
-        self._jobs: list[tuple[int, float, float, str, list[int]]] = []  # gpu, start, end, profile, job gpus
+        # gpu, start, end, profile, the job's GPUs on this node, job id
+        self._jobs: list[tuple[int, float, float, str, list[int], str]] = []
         jobs = {str(j.id): j for j in scenario.jobs}
-        for job_id, per in scenario.allocations().items():
+        alloc = scenario.allocations()
+        for job_id, per in alloc.items():
             j = jobs[job_id]
             gl = per.get(node)
             if gl is None:
                 continue
             end = j.end_s if j.end_s is not None else float("inf")
             for g in gl:
-                self._jobs.append((g, j.start_s, end, j.profile, gl))
+                self._jobs.append((g, j.start_s, end, j.profile, gl, job_id))
+        # collective hangs: (fault, GPUs of this node in a job the fault's node/GPU held at at_s)
+        self._hangs: list[tuple[Fault, set[int]]] = []
+        for f in scenario.faults:
+            if f.kind != "collective-hang":
+                continue
+            hung: set[int] = set()
+            for job_id, per in alloc.items():
+                j = jobs[job_id]
+                end = j.end_s if j.end_s is not None else float("inf")
+                held = per.get(f.node)
+                if held is None or not j.start_s <= f.at_s < end or (f.gpu is not None and f.gpu not in held):
+                    continue
+                hung.update(per.get(node, []))
+            if hung:
+                self._hangs.append((f, hung))
         self._cache: dict[int, tuple[float, _Gpu]] = {}
         self._energy_mj = [0.0] * self.gpus
         self._energy_t = [0.0] * self.gpus
+        self._gpm_keep: list[_GpmSample] = []
 
     # -- state --------------------------------------------------------------------
     def now(self) -> float:
@@ -196,46 +317,105 @@ class FakeNvml:
         self._cache[gpu] = (t, s)
         return s
 
+    def _pid(self, gpu: int, salt: str) -> int:
+        return (
+            10_000
+            + int(hashlib.sha256(f"{self.scenario.seed}/{self.node}/{gpu}/{salt}".encode()).hexdigest()[:6], 16)
+            % 3_990_000
+        )
+
+    def _profile(
+        self,
+        profile: str | None,
+        job: tuple[int, float, float, str, list[int], str] | None,
+        gpu: int,
+        t: float,
+        rng: random.Random,
+    ) -> _Gpu:
+        u = rng.uniform
+        if job is not None and profile == "partial-idle":
+            profile = "idle" if job[4].index(gpu) >= (len(job[4]) + 1) // 2 else "training"
+        if job is not None and profile == "checkpoint-heavy":
+            profile = "stall" if (t - job[1]) % 120 >= 105 else "training"
+        if profile in {"training", "memory-leak"} and job is not None:
+            period = 8 + _job_hash(job[5]) % 5
+            k = int(t - job[1]) % period
+            if k == 0:  # step boundary: optimizer step, next batch
+                s = _Gpu(u(55, 75), u(20, 30), 0, 0, u(290, 370), H100_MAX_SM_MHZ, 0, u(10, 25), u(20, 35))
+            elif k >= period - 2:  # NCCL all-reduce: SMs busy with communication kernels
+                s = _Gpu(u(97, 100), u(15, 25), 0, 0, u(380, 460), H100_MAX_SM_MHZ, 0, u(0, 5), u(8, 15))
+            else:
+                s = _Gpu(u(94, 100), u(40, 60), 0, 0, u(600, 690), H100_MAX_SM_MHZ, 0, u(55, 75), u(45, 65))
+            s.mem_used_mib = 71680 + u(-1024, 1024)
+            if profile == "memory-leak":
+                s.mem_used_mib = min(H100_MEMORY_MIB - 256, 30720 + 200 * (t - job[1]))
+        elif profile == "inference" and job is not None:
+            burst = random.Random(f"{self.scenario.seed}/{self.node}/{gpu}/burst/{int(t // 5)}").random() < 0.45
+            util = u(55, 90) if burst else u(5, 25)
+            s = _Gpu(
+                util,
+                util * 0.4,
+                40960 + u(-512, 512),
+                0,
+                120 + util * 4.5 + u(-10, 10),
+                H100_MAX_SM_MHZ,
+                0,
+                util * 0.45,
+                util * 0.4,
+            )
+        elif profile == "input-bound":
+            duty = u(0.15, 0.40)
+            s = _Gpu(
+                duty * 100,
+                duty * 30,
+                61440 + u(-512, 512),
+                0,
+                110 + duty * 550,
+                H100_MAX_SM_MHZ,
+                0,
+                duty * 60,
+                duty * 50,
+            )
+            s.pcie_rx_factor = 2500.0
+        elif profile == "low-tensor":
+            s = _Gpu(
+                u(95, 100), u(10, 20), 51200 + u(-512, 512), 0, u(240, 300), H100_MAX_SM_MHZ, 0, u(1, 5), u(35, 55)
+            )
+        elif profile == "stall":  # checkpoint write: no kernels, memory kept, clocks drop to idle
+            s = _Gpu(0.0, u(0, 2), 71680 + u(-1024, 1024), 0, u(110, 130), IDLE_SM_MHZ, _BIT["gpu_idle"])
+        elif profile == "idle":  # allocated but unused: a little memory, idle clocks
+            s = _Gpu(0.0, 0.0, 512 + u(0, 64), 0, u(68, 75), IDLE_SM_MHZ, _BIT["gpu_idle"])
+        else:  # no job
+            s = _Gpu(0.0, 0.0, 0.0, 0, u(65, 75), IDLE_SM_MHZ, _BIT["gpu_idle"])
+        s.temp = 26 + s.power_w * 0.06 + u(0, 3)  # ~30 C idle, ~66 C at 650 W
+        if s.util > 0 and job is not None:
+            s.procs = [(self._pid(gpu, job[5]), max(s.mem_used_mib - 512, 0.0))]
+        return s
+
     def _compute(self, gpu: int, t: float) -> _Gpu:
         rng = random.Random(f"{self.scenario.seed}/{self.node}/{gpu}/{int(t * 1000)}")
         u = rng.uniform
         job = next((j for j in self._jobs if j[0] == gpu and j[1] <= t < j[2]), None)
-        profile = job[3] if job else None
-        if profile == "partial-idle" and job is not None and job[4].index(gpu) >= (len(job[4]) + 1) // 2:
-            profile = "idle"
-        if profile == "checkpoint-heavy" and job is not None and (t - job[1]) % 120 < 15:
-            profile = "stall"
-        if profile in {"training", "memory-leak"}:
-            s = _Gpu(u(90, 100), u(40, 60), 71680 + u(-1024, 1024), u(60, 75), u(600, 690), H100_MAX_SM_MHZ, 0)
-            if profile == "memory-leak" and job is not None:
-                s.mem_used_mib = min(H100_MEMORY_MIB - 256, 30720 + 200 * (t - job[1]))
-        elif profile == "inference":
-            s = _Gpu(u(40, 70), u(20, 35), 40960 + u(-512, 512), u(50, 60), u(300, 450), H100_MAX_SM_MHZ, 0)
-        elif profile == "input-bound":
-            s = _Gpu(u(15, 45), u(5, 15), 61440 + u(-512, 512), u(45, 55), u(200, 320), H100_MAX_SM_MHZ, 0)
-        elif profile == "low-tensor":
-            s = _Gpu(u(95, 100), u(10, 20), 51200 + u(-512, 512), u(50, 58), u(240, 300), H100_MAX_SM_MHZ, 0)
-        elif profile == "stall":
-            s = _Gpu(0.0, u(0, 2), 71680 + u(-1024, 1024), u(40, 48), u(110, 130), H100_MAX_SM_MHZ, 0)
-        elif profile == "idle":  # allocated but unused: context and a little memory, idle clocks
-            s = _Gpu(0.0, 0.0, 512 + u(0, 64), u(30, 35), u(68, 75), IDLE_SM_MHZ, _BIT["gpu_idle"])
-        else:  # no job
-            s = _Gpu(0.0, 0.0, 0.0, u(28, 34), u(65, 75), IDLE_SM_MHZ, _BIT["gpu_idle"])
-        busy = s.util > 0
-        if self._active(t, gpu, "zombie-process") and not busy:
+        s = self._profile(job[3] if job else None, job, gpu, t, rng)
+        if job is None and self._active(t, gpu, "zombie-process"):
             s.mem_used_mib = 61440 + u(-256, 256)
+            s.power_w = u(85, 95)
+            s.procs = [(self._pid(gpu, "zombie"), s.mem_used_mib - 512)]
         if f := self._active(t, gpu, "straggler-gpu", "straggler-node", "clocks-low"):
-            factor = f.factor if f.factor is not None else 0.6
-            s.sm_mhz = round(s.sm_mhz * factor)
+            speed = _speed(f)
+            s.sm_mhz = round(s.sm_mhz * speed)
             if f.kind != "clocks-low":
-                s.util *= factor
-                s.power_w *= factor
-        if self._active(t, gpu, "collective-hang") and busy:
-            s.util, s.power_w, s.mem_util = 100.0, u(105, 125), 0.0
-        if self._active(t, gpu, "thermal-throttle"):
+                s.util *= speed
+                s.power_w *= speed
+                s.tensor *= speed
+        if any(gpu in hung and f.active(t) for f, hung in self._hangs) and s.util > 0:
+            s.util, s.power_w, s.mem_util, s.tensor, s.occupancy = 100.0, u(105, 125), 0.0, 0.0, u(1, 3)
+            s.sm_mhz = H100_MAX_SM_MHZ
+        if since := self._active(t, gpu, "thermal-throttle"):
+            dt = t - since.at_s
             s.reasons |= _BIT["sw_thermal_slowdown"]
-            s.temp = u(87, 91)
-            s.sm_mhz = round(min(s.sm_mhz, 1980) * 0.6)
+            s.temp = 87 + min(1.5, 0.1 * dt) + u(0, 0.5)
+            s.sm_mhz = round(H100_MAX_SM_MHZ * max(0.55, 0.75 - 0.008 * dt))
             s.power_w *= 0.75
         if self._active(t, gpu, "power-brake"):
             s.reasons |= _BIT["hw_slowdown"] | _BIT["hw_power_brake_slowdown"]
@@ -254,14 +434,25 @@ class FakeNvml:
             for f in self._faults
             if f.at_s <= t
             and (f.gpu is None or f.gpu == gpu)
-            and (f.kind == "ecc-dbe" or (f.kind == "xid" and f.xid in {48, 95}))
+            and (f.kind == "ecc-dbe" or (f.kind == "xid" and f.xid in {48, 94, 95}))
         ]
         s.dbe = len(dbe)
-        s.remap_pending = bool(self._active(t, gpu, "row-remap-pending")) or bool(dbe)
+        s.remap_pending = bool(self._active(t, gpu, "row-remap-pending")) or (bool(dbe) and not self.page_retirement)
         s.remap_failed = bool(self._active(t, gpu, "row-remap-failed"))
+        if self._active(t, gpu, "retired-pages"):
+            s.retired = (2, 1, True)
+        elif self.page_retirement:
+            s.retired = (0, len(dbe), bool(dbe))
         s.replays = int(20 * self._since(t, gpu, "pcie-replays"))
         if self._active(t, gpu, "pcie-degraded"):
             s.link_gen, s.link_width = 3, 8
+        if f := self._active(t, gpu, "nvlink-down"):
+            s.links_down = frozenset(range(NVLINKS)) if f.link is None else frozenset({f.link})
+        if f := self._active(t, gpu, "nvlink-errors"):
+            d = t - f.at_s
+            counts = (int(12 * d), int(d // 30), int(40 * d), int(3 * d))
+            for k in range(NVLINKS) if f.link is None else [f.link]:
+                s.link_errors[k] = counts
         s.lost = bool(self._active(t, gpu, "gpu-lost")) or any(
             f.kind == "xid" and f.xid == 79 and f.at_s <= t and (f.gpu is None or f.gpu == gpu) for f in self._faults
         )
@@ -387,12 +578,18 @@ class FakeNvml:
         return 0 if self._h(handle).util > 0 else 8
 
     def nvmlDeviceGetRetiredPages(self, handle: Any, cause: int) -> list[int]:
-        self._h(handle)  # HBM3 GPUs remap rows instead of retiring pages
-        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        r = self._h(handle).retired
+        if r is None:  # HBM GPUs (Ampere+) remap rows instead of retiring pages
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        n = r[0] if cause == pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS else r[1]
+        base = 0x3F2A000 if cause == pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS else 0x7C11000
+        return [base + 0x1000 * k for k in range(n)]  # page addresses
 
     def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Any) -> int:
-        self._h(handle)
-        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        r = self._h(handle).retired
+        if r is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return int(r[2])
 
     def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Any) -> int:
         self._h(handle)
@@ -404,20 +601,22 @@ class FakeNvml:
 
     def nvmlDeviceGetPcieThroughput(self, handle: Any, counter: int) -> int:
         s = self._h(handle)
-        return int(s.util * 300) if counter == 0 else int(s.util * 120)  # KB/s
+        return int(s.util * 300) if counter == 0 else int(s.util * s.pcie_rx_factor)  # KB/s
 
     def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:
         self._h(handle)
-        if link >= 18:
+        s = self._h(handle)
+        if link >= NVLINKS:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return 0 if self._active(self.now(), handle.index, "nvlink-down") else 1
+        return 0 if link in s.links_down else 1
 
     def nvmlDeviceGetNvLinkErrorCounter(self, handle: Any, link: int, counter: int) -> int:
-        self._h(handle)
-        t = self.now()
-        if counter in (0, 2) and self._active(t, handle.index, "nvlink-errors", "nvlink-down"):
-            return int(10 * self._since(t, handle.index, "nvlink-errors")) + 1
-        return 0
+        """Counters 0-3: DL replay, DL recovery, CRC flit, CRC data (cumulative counts)."""
+        s = self._h(handle)
+        if link >= NVLINKS:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        counts = s.link_errors.get(link, (0, 0, 0, 0))
+        return counts[counter] + (1 if counter == 1 and link in s.links_down else 0)
 
     def nvmlDeviceGetFanSpeed(self, handle: Any) -> int:
         self._h(handle)  # SXM modules have no fan of their own
@@ -425,14 +624,59 @@ class FakeNvml:
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
         s = self._h(handle)
-        if s.mem_used_mib <= 1024:
-            return []
-        pid = 10_000 + int(uuid_of(self.scenario.seed, self.node, handle.index)[4:9], 16) % 50_000
-        return [SimpleNamespace(pid=pid, usedGpuMemory=int((s.mem_used_mib - 512) * MIB))]
+        return [SimpleNamespace(pid=pid, usedGpuMemory=int(mib * MIB)) for pid, mib in s.procs]
 
     def nvmlDeviceGetMigMode(self, handle: Any) -> tuple[int, int]:
         self._h(handle)
         return (0, 0)
+
+    # -- GPM (Hopper+): samples are ctypes pointers, as in nvidia-ml-py -------------------
+    def nvmlGpmQueryDeviceSupport(self, handle: Any) -> Any:
+        self._h(handle)
+        return SimpleNamespace(version=1, isSupportedDevice=int(self.gpm))
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        self.calls += 1
+        raw = _GpmSample(-1, 0.0)
+        self._gpm_keep.append(raw)
+        return ctypes.cast(ctypes.pointer(raw), pynvml.c_nvmlGpmSample_t)
+
+    def nvmlGpmSampleFree(self, sample: Any) -> None:
+        self.calls += 1
+        raw = ctypes.cast(sample, ctypes.POINTER(_GpmSample)).contents
+        self._gpm_keep = [k for k in self._gpm_keep if ctypes.addressof(k) != ctypes.addressof(raw)]
+
+    def nvmlGpmSampleGet(self, handle: Any, sample: Any) -> Any:
+        self._h(handle)
+        if not self.gpm:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        raw = ctypes.cast(sample, ctypes.POINTER(_GpmSample)).contents
+        raw.gpu, raw.t = handle.index, self.now()
+        return sample
+
+    def nvmlGpmMetricsGet(self, request: Any) -> Any:
+        """Fill ``request.metrics[:numMetrics]`` for the interval sample1..sample2 (the fake
+        reports the GPU's state at sample2): SM occupancy, any/HMMA tensor, graphics/SM util."""
+        self.calls += 1
+        s1 = ctypes.cast(request.sample1, ctypes.POINTER(_GpmSample)).contents
+        s2 = ctypes.cast(request.sample2, ctypes.POINTER(_GpmSample)).contents
+        if s1.gpu < 0 or s2.gpu != s1.gpu or s2.t <= s1.t:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        st = self._cache.get(s2.gpu)
+        s = st[1] if st is not None and st[0] == s2.t else self._compute(s2.gpu, s2.t)
+        values = {
+            pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: s.util,
+            pynvml.NVML_GPM_METRIC_SM_UTIL: s.util * 0.97,
+            pynvml.NVML_GPM_METRIC_SM_OCCUPANCY: s.occupancy,
+            pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: s.tensor,
+            pynvml.NVML_GPM_METRIC_HMMA_TENSOR_UTIL: s.tensor,
+        }
+        for k in range(request.numMetrics):
+            m = request.metrics[k]
+            v = values.get(m.metricId)
+            m.nvmlReturn = pynvml.NVML_SUCCESS if v is not None else pynvml.NVML_ERROR_NOT_SUPPORTED
+            m.value = float(v) if v is not None else 0.0
+        return request
 
 
 class KernelLogGenerator:
@@ -440,8 +684,10 @@ class KernelLogGenerator:
 
     ``lines(t0, t1)`` returns the lines of faults starting in scenario seconds ``(t0, t1]``,
     each stamped with its event time (``clock.event_ts(at_s)``) in ``dmesg --time-format iso``
-    form: ``xid`` (any code), ``sxid``, ``ecc-dbe`` (XID 48), ``row-remap-pending`` (XID 63),
-    ``row-remap-failed`` (XID 64).
+    form: ``xid`` (any code, the driver's text for that code; without ``gpu`` one line per GPU),
+    ``sxid`` (an ``nvidia-nvswitchN: SXid`` line, ``Fatal`` for codes >= 20000), ``ecc-dbe``
+    (XID 48), ``row-remap-pending`` (XID 63), ``row-remap-failed`` (XID 64). Every other fault
+    kind shows in telemetry only, as on real hardware: no line.
     """
 
     _KIND_XID = {"ecc-dbe": 48, "row-remap-pending": 63, "row-remap-failed": 64}
@@ -468,7 +714,7 @@ class KernelLogGenerator:
                 continue
             for g in gpus:
                 pid = rng.randrange(10_000, 4_000_000) if code not in {48, 63, 64} else None
-                out.append(xid_line(ts, pci_of(g), code, pid))
+                out.append(xid_line(ts, pci_of(g), code, pid, link=f.link))
         return out
 
 

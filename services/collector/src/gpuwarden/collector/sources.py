@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import logging
 import os
 import socket
 import threading
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -41,15 +43,19 @@ __all__ = [
     "THROTTLE_BITS",
     "EventDeduper",
     "FileFollower",
+    "JournalctlFollower",
     "KmsgReader",
     "LineReader",
+    "LineStream",
     "Nvml",
     "NvmlEventWatcher",
     "NvmlSource",
     "Paced",
+    "PopenLines",
     "ReplaySource",
     "Source",
     "default_collector_id",
+    "open_kernel_log",
     "register_source",
     "resolve_gpu",
 ]
@@ -235,6 +241,167 @@ class KmsgReader:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+
+class LineStream(Protocol):
+    """A running line-producing process: ``read_available()`` returns the complete lines it
+    printed since the last call without blocking; ``returncode`` is None while it runs."""
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def read_available(self) -> list[str]: ...
+
+    def close(self) -> None: ...
+
+
+class PopenLines:
+    """:class:`LineStream` over a real subprocess (stdout read by a daemon thread into a queue)."""
+
+    def __init__(self, argv: list[str]) -> None:
+        import queue
+        import subprocess
+
+        self._q: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+        self._t = threading.Thread(target=self._pump, name="journalctl-reader", daemon=True)
+        self._t.start()
+
+    def _pump(self) -> None:
+        assert self._p.stdout is not None
+        for line in self._p.stdout:
+            self._q.put(line.rstrip("\n"))
+
+    @property
+    def returncode(self) -> int | None:
+        return self._p.poll()
+
+    def read_available(self) -> list[str]:
+        out: list[str] = []
+        while not self._q.empty():
+            out.append(self._q.get_nowait())
+        return out
+
+    def close(self) -> None:
+        if self._p.poll() is None:
+            self._p.terminate()
+            try:
+                self._p.wait(timeout=2)
+            except Exception:
+                self._p.kill()
+
+
+class JournalctlFollower:
+    """Kernel log through ``journalctl -k -f`` when ``/dev/kmsg`` cannot be read (a container
+    without CAP_SYSLOG but with the journal mounted, for example).
+
+    ``output="short-iso-precise"`` (default): lines ``2025-02-14T05:03:42.123456+00:00 host
+    kernel: NVRM: ...`` go to the kmsg parser as they are (ISO event time). ``output="json"``:
+    each record becomes ``<ISO of __REALTIME_TIMESTAMP> <MESSAGE>`` (MESSAGE given as a string
+    or as a byte array), and its ``__CURSOR`` is saved in ``state_path`` (when given) so a
+    restart resumes with ``--after-cursor`` without loss or repeats. Starts at the end of the
+    journal (``-n 0``) without a saved cursor. The process is started through ``runner``
+    (argv list, no shell; :class:`PopenLines` by default) and restarted, with a warning, when
+    it exits.
+    """
+
+    def __init__(
+        self,
+        runner: Callable[[list[str]], LineStream] = PopenLines,
+        output: str = "short-iso-precise",
+        state_path: Path | None = None,
+        journalctl: str = "journalctl",
+    ) -> None:
+        if output not in ("short-iso-precise", "json"):
+            raise ValueError("output is 'short-iso-precise' or 'json'")
+        self.runner = runner
+        self.output = output
+        self.state_path = state_path
+        self.journalctl = journalctl
+        self.cursor: str | None = None
+        self.restarts = 0
+        self._stream: LineStream | None = None
+        if state_path is not None and state_path.exists():
+            self.cursor = state_path.read_text().strip() or None
+
+    def argv(self) -> list[str]:
+        """The command line: ``journalctl -k -f -o FORMAT --no-pager`` and ``-n 0`` or
+        ``--after-cursor CURSOR``."""
+        argv = [self.journalctl, "-k", "-f", "-o", self.output, "--no-pager"]
+        return argv + (["--after-cursor", self.cursor] if self.cursor else ["-n", "0"])
+
+    def read_new_lines(self) -> list[str]:
+        if self._stream is None:
+            self._stream = self.runner(self.argv())
+        stream = self._stream
+        raw = stream.read_available()
+        if stream.returncode is not None:  # exited: read what it left, restart next call
+            raw += stream.read_available()
+            log.warning("journalctl exited with %s; restarting it", stream.returncode)
+            stream.close()
+            self._stream = None
+            self.restarts += 1
+        return self.accept(raw)
+
+    def accept(self, raw: list[str]) -> list[str]:
+        """Pure part of :meth:`read_new_lines`: journalctl output lines -> kernel-log lines."""
+        if self.output != "json":
+            return [ln for ln in raw if ln and not ln.startswith("-- ")]  # "-- No entries --", "-- Boot ..."
+        out: list[str] = []
+        for ln in raw:
+            try:
+                rec = json.loads(ln)
+                msg = rec.get("MESSAGE")
+                if isinstance(msg, list):  # non-UTF-8 messages come as byte arrays
+                    msg = bytes(msg).decode("utf-8", errors="replace")
+                usec = int(rec["__REALTIME_TIMESTAMP"])
+            except (ValueError, KeyError, TypeError, AttributeError):
+                log.debug("journalctl: not a JSON record: %r", ln[:200])
+                continue
+            if isinstance(msg, str):
+                iso = datetime.fromtimestamp(usec / 1e6, UTC).strftime("%Y-%m-%dT%H:%M:%S,%f+00:00")
+                out.extend(f"{iso} {part}" for part in msg.splitlines() or [""])
+            self.cursor = rec.get("__CURSOR") or self.cursor
+        if out and self.state_path is not None and self.cursor:
+            tmp = self.state_path.with_suffix(".tmp")
+            tmp.write_text(self.cursor)
+            tmp.replace(self.state_path)
+        return out
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+
+def open_kernel_log(
+    path: str,
+    state_path: Path | None = None,
+    boot_ts: float | None = None,
+    journal: Callable[[], LineReader | None] | None = None,
+) -> LineReader | None:
+    """The kernel-log reader for ``path``: :class:`KmsgReader` for a ``/dev/...`` device that
+    can be opened, else (permission denied, missing device) the ``journal`` fallback
+    (default: :class:`JournalctlFollower` when ``journalctl`` is on PATH, else None, logged);
+    any other path is a file followed from its end (:class:`FileFollower`)."""
+    if not path.startswith("/dev/"):
+        return FileFollower(Path(path), from_end=True)
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+        return KmsgReader(path, state_path=state_path, boot_ts=boot_ts)
+    except OSError as exc:
+        if journal is None:
+            import shutil
+
+            def journal() -> LineReader | None:
+                return JournalctlFollower() if shutil.which("journalctl") else None
+
+        reader = journal()
+        if reader is None:
+            log.error("cannot read %s (%s) and journalctl is not available: no kernel-log XIDs", path, exc)
+        else:
+            log.warning("cannot read %s (%s); following the kernel log with journalctl -k instead", path, exc)
+        return reader
 
 
 class EventDeduper:
@@ -462,6 +629,10 @@ NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
 NVML_ERROR_UNKNOWN = 999
 NVML_ERROR_TIMEOUT = 10
+NVML_SUCCESS = 0
+NVML_GPM_METRIC_SM_OCCUPANCY = 3
+NVML_GPM_METRIC_ANY_TENSOR_UTIL = 5
+NVML_GPM_METRICS_GET_VERSION = 1
 _NVLINK_COUNTERS = {
     "replay_errors": NVML_NVLINK_ERROR_DL_REPLAY,
     "recovery_errors": NVML_NVLINK_ERROR_DL_RECOVERY,
@@ -496,6 +667,14 @@ class _NvmlDead(Exception):
     """NVML answered a driver-level error (uninitialised, driver not loaded, version mismatch)."""
 
 
+class _Gpm:
+    """Per-GPU GPM state: two samples (previous, current) and a reusable metrics request."""
+
+    def __init__(self, prev: Any, cur: Any, request: Any) -> None:
+        self.prev, self.cur, self.request = prev, cur, request
+        self.have_prev = False
+
+
 class NvmlSource:
     """One node's GPUs through NVML, and XID lines of its kernel log.
 
@@ -504,6 +683,18 @@ class NvmlSource:
     ``GPU_IS_LOST`` is left out of the sample and reported once as a ``gpu-lost`` event
     (again only after it came back). NVML calls run in a worker thread: a sick GPU can make
     them block for seconds.
+
+    Static fields go out on change only: ``NodeSample.driver_version`` (read at each
+    ``nvmlInit``) is set on the first sample after a start or an NVML re-initialisation, and
+    again every ``static_every_s`` seconds of event time (default 300) so that a consumer
+    started later learns it; None on the samples in between. ``GpuSample.vbios_version``
+    follows the same rule per GPU (also re-sent when a lost GPU is back). Consumers keep the
+    last value they saw per node / GPU.
+
+    GPM metrics (``sm_occupancy_pct``, ``tensor_activity_pct``) are read where the binding has
+    ``nvmlGpmSampleGet``/``nvmlGpmMetricsGet``/``c_nvmlGpmMetricsGet_t`` and
+    ``nvmlGpmQueryDeviceSupport`` says the GPU supports them (Hopper and newer); they cover the
+    interval between two ticks, so the first sample of a GPU has none. Absent otherwise.
     """
 
     name = "nvml"
@@ -519,8 +710,13 @@ class NvmlSource:
         event_source: str = "kmsg",
         event_watcher: NvmlEventWatcher | None = None,
         dedupe: EventDeduper | None = None,
+        static_every_s: float = 300.0,
     ) -> None:
         self.nvml = nvml
+        self.static_every_s = static_every_s
+        self._static_sent_ts: float | None = None  # event time driver/VBIOS last went out
+        self._vbios_sent: set[int] = set()  # GPUs whose VBIOS went out since the last (re)send
+        self._gpm: dict[int, _Gpm | None] = {}  # None: this GPU has no GPM
         self.node = node
         self.clock = clock
         self.kernel_log = kernel_log
@@ -552,6 +748,8 @@ class NvmlSource:
             if not self._inited:
                 n.nvmlInit()
                 self._inited = True
+                self._static_sent_ts = None
+                self._gpm.clear()  # GPM samples do not survive nvmlShutdown
                 try:
                     self._driver = _str(n.nvmlSystemGetDriverVersion())
                 except n.NVMLError:
@@ -566,12 +764,18 @@ class NvmlSource:
             except (n.NVMLError, AttributeError) as exc:  # AttributeError: bindings without events
                 log.warning("NVML events unavailable (%s); XIDs come from the kernel log only", exc)
                 self.event_watcher = None
+        send_static = self._static_sent_ts is None or ts - self._static_sent_ts >= self.static_every_s
+        if send_static:
+            self._static_sent_ts = ts
+            self._vbios_sent.clear()
         gpus = []
         for i in range(count):
             try:
                 gpus.append(self._gpu(i))
                 self._lost.discard(i)
             except GpuLost as exc:
+                self._vbios_sent.discard(i)
+                self._gpm.pop(i, None)
                 if i not in self._lost:
                     self._lost.add(i)
                     self._pending.append(self._lost_event(i, ts, str(exc)))
@@ -590,7 +794,7 @@ class NvmlSource:
             collector_id=self.collector_id,
             source=self.sample_source,
             gpus=gpus,
-            driver_version=self._driver,
+            driver_version=self._driver if send_static else None,
         )
 
     def _nvml_down(self, ts: float, exc: BaseException) -> NodeSample:
@@ -649,6 +853,15 @@ class NvmlSource:
         return out
 
     async def close(self) -> None:
+        free = getattr(self.nvml, "nvmlGpmSampleFree", None)
+        for g in self._gpm.values():
+            if g is not None and free is not None and self._inited:
+                for smp in (g.prev, g.cur):
+                    try:
+                        free(smp)
+                    except self.nvml.NVMLError:
+                        pass
+        self._gpm.clear()
         if self._inited:
             self._inited = False
             try:
@@ -715,7 +928,11 @@ class NvmlSource:
         rows = call("nvmlDeviceGetRemappedRows", h)
         energy = call("nvmlDeviceGetTotalEnergyConsumption", h)
         serial = call("nvmlDeviceGetSerial", h)
-        vbios = call("nvmlDeviceGetVbiosVersion", h)
+        vbios = None
+        if i not in self._vbios_sent:
+            vbios = call("nvmlDeviceGetVbiosVersion", h)
+            self._vbios_sent.add(i)
+        occupancy, tensor = self._gpm_metrics(i, h, call)
         pstate = call("nvmlDeviceGetPerformanceState", h)
         rp_sbe = call("nvmlDeviceGetRetiredPages", h, NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
         rp_dbe = call("nvmlDeviceGetRetiredPages", h, NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
@@ -800,7 +1017,45 @@ class NvmlSource:
             mig_mode=mig_on,
             mig_instances=mig_n,
             energy_j=energy / 1000 if energy is not None else None,
+            sm_occupancy_pct=occupancy,
+            tensor_activity_pct=tensor,
         )
+
+    def _gpm_metrics(self, i: int, h: Any, call: Callable[..., Any]) -> tuple[float | None, float | None]:
+        """(SM occupancy %, any-tensor activity %) over the interval since the previous tick,
+        from NVML GPM; (None, None) without GPM support or on the GPU's first tick."""
+        n = self.nvml
+        if i not in self._gpm:
+            request_type = getattr(n, "c_nvmlGpmMetricsGet_t", None)
+            sup = call("nvmlGpmQueryDeviceSupport", h) if request_type is not None else None
+            ok = sup is not None and bool(getattr(sup, "isSupportedDevice", 0))
+            ok = ok and all(hasattr(n, f) for f in ("nvmlGpmSampleAlloc", "nvmlGpmSampleGet", "nvmlGpmMetricsGet"))
+            a = call("nvmlGpmSampleAlloc") if ok else None
+            b = call("nvmlGpmSampleAlloc") if a is not None else None
+            self._gpm[i] = _Gpm(a, b, request_type()) if a is not None and b is not None else None  # type: ignore[misc]
+        g = self._gpm[i]
+        if g is None:
+            return None, None
+        if call("nvmlGpmSampleGet", h, g.cur) is None:
+            g.have_prev = False
+            return None, None
+        out: tuple[float | None, float | None] = (None, None)
+        if g.have_prev:
+            r = g.request
+            r.version = NVML_GPM_METRICS_GET_VERSION
+            r.numMetrics = 2
+            r.sample1, r.sample2 = g.prev, g.cur
+            r.metrics[0].metricId = NVML_GPM_METRIC_SM_OCCUPANCY
+            r.metrics[1].metricId = NVML_GPM_METRIC_ANY_TENSOR_UTIL
+            if call("nvmlGpmMetricsGet", r) is not None:
+                vals = [
+                    min(100.0, max(0.0, float(m.value))) if m.nvmlReturn == NVML_SUCCESS else None
+                    for m in (r.metrics[0], r.metrics[1])
+                ]
+                out = (vals[0], vals[1])
+        g.prev, g.cur = g.cur, g.prev
+        g.have_prev = True
+        return out
 
     def _nvlink(self, i: int, h: Any, call: Callable[..., Any]) -> list[dict[str, Any]] | None:
         """Per-link state and error counters; links are probed once (first tick) and only the
