@@ -105,8 +105,17 @@ def rotel(receiver: OtlpReceiver, tmp_path: Path) -> Iterator[dict[str, int]]:
         log.close()
 
 
+#: NVLink and profiling readings that only GPU 0 reports
+PROFILED: dict[str, Any] = dict(
+    nvlinks=[{"link": 0, "active": True, "crc_flit_errors": 5, "crc_data_errors": 1, "replay_errors": 0,
+              "recovery_errors": 3}, {"link": 1, "active": False, "crc_flit_errors": 2}],
+    tensor_activity_pct=42.0, sm_occupancy_pct=25.0, pcie_tx_kbps=1000.0, pcie_rx_kbps=2000.0,
+)  # fmt: skip
+
+
 def gpu(index: int) -> GpuSample:
     return GpuSample(
+        **(PROFILED if index == 0 else {}),
         index=index, uuid=f"GPU-{index}", pci_bus_id=f"0000:{index + 1:02x}:00.0", name="NVIDIA H100",
         utilization_gpu_pct=50.0, memory_used_mib=1024, memory_total_mib=81920, temperature_c=60.0,
         power_w=300.0, energy_j=1000.0, ecc_sbe_volatile=3, ecc_dbe_volatile=0, pcie_replay_count=7,
@@ -144,15 +153,17 @@ def an_xid() -> AttributedEvent:
     )  # fmt: skip
 
 
-def run_bridge(protocol: str, endpoint: str, path: str) -> OtlpBridge:
+def run_bridge(protocol: str, endpoint: str, path: str, naming: str = "otel") -> OtlpBridge:
     settings = OtlpBridgeSettings(
         otlp_bridge_endpoint=endpoint, otlp_bridge_protocol=protocol, otlp_bridge_insecure=True,
         otlp_bridge_export_interval_s=3600, otlp_bridge_headers="x-tenant=hpc", otlp_bridge_metrics_path=path,
+        otlp_bridge_naming=naming,
     )  # fmt: skip
     readers, exporters, transports = build_otlp_exporters(settings)
     bridge = OtlpBridge(
         resource=build_resource("bridge-test", {"slurm.cluster.name": "c1"}), metric_readers=readers,
         log_exporters=exporters, metric_transports=transports, log_processor="simple", export_interval_s=3600,
+        naming=settings.otlp_bridge_naming,
     )  # fmt: skip
     bridge.start()
     bridge.on_sample(attributed())
@@ -214,7 +225,28 @@ def test_rotel_forwards_exact_names_units_attributes_and_values(
     errors = m["hw.errors"]
     assert (errors["unit"], errors["kind"], errors["monotonic"]) == ("{error}", "sum", True)
     by_type = {a["error.type"]: v for a, v in points_by(errors, **{"hw.id": "GPU-0"})}
-    assert by_type == {"corrected": 3, "uncorrected": 0, "pcie_replay": 7, "xid_79": 1}
+    assert by_type == {"corrected": 3, "uncorrected": 0, "pcie_replay": 7, "xid_79": 1, "nvlink_crc_flit": 7,
+                       "nvlink_crc_data": 1, "nvlink_replay": 0, "nvlink_recovery": 3}  # fmt: skip
+    nvl = m["gpuwarden.gpu.nvlink.errors"]
+    assert (nvl["unit"], nvl["kind"], nvl["monotonic"]) == ("{error}", "sum", True)
+    assert {(a["gpuwarden.nvlink.link"], a["error.type"]): v for a, v in points_by(nvl, **{"hw.id": "GPU-0"})} == {
+        (0, "crc_flit"): 5, (0, "crc_data"): 1, (0, "replay"): 0, (0, "recovery"): 3, (1, "crc_flit"): 2}  # fmt: skip
+    [(nvl_attrs, _)] = points_by(nvl, **{"hw.id": "GPU-0", "gpuwarden.nvlink.link": 1})
+    assert nvl_attrs["slurm.job.id"] == "42"
+    active = m["gpuwarden.gpu.nvlink.active"]
+    assert {a["gpuwarden.nvlink.link"]: v for a, v in points_by(active, **{"hw.id": "GPU-0"})} == {0: 1, 1: 0}
+    tensor = m["gpuwarden.gpu.tensor.activity"]
+    assert (tensor["unit"], tensor["kind"]) == ("1", "gauge")
+    assert [v for _, v in points_by(tensor, **{"hw.id": "GPU-0"})] == [pytest.approx(0.42)]
+    assert [v for _, v in points_by(m["gpuwarden.gpu.sm.occupancy"], **{"hw.id": "GPU-0"})] == [0.25]
+    pcie = m["gpuwarden.gpu.pcie.throughput"]
+    assert pcie["unit"] == "By/s"
+    assert {a["network.io.direction"]: v for a, v in points_by(pcie, **{"hw.id": "GPU-0"})} == {
+        "transmit": 1_024_000, "receive": 2_048_000}  # fmt: skip
+    for name in ("gpuwarden.gpu.nvlink.errors", "gpuwarden.gpu.nvlink.active", "gpuwarden.gpu.tensor.activity",
+                 "gpuwarden.gpu.sm.occupancy", "gpuwarden.gpu.pcie.throughput"):  # fmt: skip
+        assert points_by(m[name], **{"hw.id": "GPU-1"}) == [], name  # not reported: absent, never 0
+    assert "gpuwarden.gpu.fan.speed" not in m  # no GPU reports it
     status = m["hw.status"]
     assert (status["unit"], status["kind"], status["monotonic"]) == ("1", "sum", False)
     states = {a["hw.state"]: v for a, v in points_by(status, **{"hw.id": "GPU-0"})}
@@ -246,6 +278,31 @@ def test_rotel_forwards_exact_names_units_attributes_and_values(
     assert n["body"] == "n1: DOWN+DRAIN (xid 79)"
     assert n["attributes"]["slurm.node.state"] == "DOWN"
     assert n["attributes"]["slurm.node.flags"] == ["DRAIN"]
+
+
+@pytest.mark.parametrize("path", ["direct", "sdk"])
+def test_rotel_forwards_dcgm_names_on_both_metric_paths(
+    path: str, rotel: dict[str, int], receiver: OtlpReceiver
+) -> None:
+    bridge = run_bridge("grpc", f"http://127.0.0.1:{rotel['grpc']}", path, naming="dcgm")
+    try:
+        assert receiver.wait(lambda r: "DCGM_FI_DEV_XID_ERRORS" in r.metric_points())
+    finally:
+        bridge.stop(10)
+    m = receiver.metric_points()
+    gpu_names = {n for n in m if not n.startswith("gpuwarden.failure")}  # failure metrics keep their names
+    assert gpu_names and all(n.startswith("DCGM_FI_") for n in gpu_names), gpu_names  # exact case, no OTel names
+    labels0 = {"gpu": "0", "UUID": "GPU-0", "device": "nvidia0", "modelName": "NVIDIA H100", "Hostname": "n1",
+               "pci_bus_id": "0000:01:00.0", "DCGM_FI_DRIVER_VERSION": "550.54.15", "hpc_job": "42"}  # fmt: skip
+    want = {"DCGM_FI_DEV_GPU_UTIL": 50.0, "DCGM_FI_DEV_XID_ERRORS": 79, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 0.42,
+            "DCGM_FI_PROF_SM_OCCUPANCY": 0.25, "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": 7,
+            "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": 3, "DCGM_FI_PROF_PCIE_TX_BYTES": 1_024_000}  # fmt: skip
+    for name, value in want.items():
+        assert [(a, v) for a, v in points_by(m[name], UUID="GPU-0")] == [(labels0, pytest.approx(value))], name
+    assert points_by(m["DCGM_FI_DEV_XID_ERRORS"], UUID="GPU-1") == []
+    assert points_by(m["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"], UUID="GPU-1") == []
+    assert (m["DCGM_FI_DEV_XID_ERRORS"]["kind"], m["DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"]["monotonic"]) == (
+        "gauge", True)  # fmt: skip
 
 
 # -- Prometheus ------------------------------------------------------------------------
@@ -332,4 +389,10 @@ def test_prometheus_scrapes_the_gpu_series_with_job_labels(
     errors = http_json(f"http://127.0.0.1:{prometheus}/api/v1/query?query={q}")["data"]["result"]
     got = {(r["metric"].get("job_id", ""), r["metric"]["error_type"]): float(r["value"][1]) for r in errors}
     assert got == {("42", "corrected"): 3, ("42", "uncorrected"): 0, ("42", "pcie_replay"): 7, ("42", "xid_79"): 1,
+                   ("42", "nvlink_crc_flit"): 7, ("42", "nvlink_crc_data"): 1, ("42", "nvlink_replay"): 0,
+                   ("42", "nvlink_recovery"): 3,
                    ("", "corrected"): 3, ("", "uncorrected"): 0, ("", "pcie_replay"): 7}  # fmt: skip
+    q = urllib.parse.quote('gpuwarden_gpu_nvlink_errors_total{node="n1",error_type="crc_flit"}')
+    nvl = http_json(f"http://127.0.0.1:{prometheus}/api/v1/query?query={q}")["data"]["result"]
+    assert {(r["metric"]["job_id"], r["metric"]["link"]): float(r["value"][1]) for r in nvl} == {
+        ("42", "0"): 5, ("42", "1"): 2}  # fmt: skip

@@ -1,4 +1,5 @@
-"""Remediator safety rules on the real local Slurm 22.05 (nodes gpu-node-003/004 only).
+"""Remediator safety rules on the real local Slurm 22.05 (nodes gpu-node-003/002 only;
+gpu-node-004 is left to other test runs).
 
 Each test drains at most those two nodes and resumes whatever it drained."""
 
@@ -28,7 +29,7 @@ from gpuwarden.shared.slurm import CliSlurm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 
-A, B = "gpu-node-003", "gpu-node-004"
+A, B = "gpu-node-003", "gpu-node-002"
 POLICY = PolicyFile(
     hold_down_s=1.0,
     rules=(
@@ -150,6 +151,28 @@ async def test_drain_on_critical_failure_then_resume_after_hold_down(nodes: None
     assert sink.sent[-1][0].status == "resolved"
     st = r.status()
     assert st["drained"] == {} and [x["decision"] for x in st["recent"]][-1] == "executed"
+
+
+async def test_resume_waits_for_a_passed_health_check(nodes: None) -> None:
+    """``require_health_check``: the node stays drained in Slurm until a ``health`` pass after
+    the resolution arrives, then it is resumed."""
+    from gpuwarden.shared.models import HealthCheckResult
+
+    s = RemediatorSettings(remediator_enforce=True, remediator_min_drain_allowance=4)
+    prod, sink = Prod(), MemoryAlertSink()
+    policy = POLICY.model_copy(update={"require_health_check": True, "hold_down_s": 0.0})
+    r = Remediator(s, client=CliSlurm(timeout_s=15), producer=prod, alerter=Alerter([sink]), policy=policy)  # type: ignore[arg-type]
+    await r.seed()
+    f = failure()
+    assert (await r.handle_failure(f)).decision == D.EXECUTED
+    await r.handle_failure(f.model_copy(update={"state": FailureState.RESOLVED}))
+    assert await r.resume_due() == [] and "DRAIN" in field(A, "State")  # no health check yet
+    r.note_health(HealthCheckResult(node=A, ts=time.time(), phase="epilog", check="nvidia-smi", passed=False))
+    assert await r.resume_due() == [] and "DRAIN" in field(A, "State")
+    r.note_health(HealthCheckResult(node=A, ts=time.time() + 0.01, phase="periodic", check="nvidia-smi", passed=True))
+    [resumed] = await r.resume_due()
+    assert resumed.decision == D.EXECUTED and resumed.argv[-1] == "state=RESUME", resumed.reason
+    assert "DRAIN" not in field(A, "State")
 
 
 async def test_alert_only_pattern_never_drains(nodes: None) -> None:

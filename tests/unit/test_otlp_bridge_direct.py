@@ -14,12 +14,19 @@ from typing import Any
 import pytest
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.sdk._logs.export import InMemoryLogExporter, LogRecordExporter, LogRecordExportResult
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import (
+    InMemoryMetricReader,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    PeriodicExportingMetricReader,
+)
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden.otlp_bridge import OtlpBridge, OtlpBridgeService, OtlpBridgeSettings
+from gpuwarden.otlp_bridge.bridge import MetricNameCaseExporter, build_otlp_exporters
 from gpuwarden.otlp_bridge.direct import (
     DirectMetricExporter,
     ExportError,
@@ -30,6 +37,8 @@ from gpuwarden.otlp_bridge.direct import (
 )
 from gpuwarden.otlp_bridge.mapping import (
     DCGM_LABELS,
+    DCGM_METRICS,
+    OTEL_SHARED_DESCRIPTIONS,
     GpuView,
     dcgm_labels,
     error_counts,
@@ -84,10 +93,14 @@ def sample(
 
 
 def xid(
-    event_id: str = "e1", code: int = 79, gpu_index: int | None = 0, kind: EventKind = EventKind.XID
+    event_id: str = "e1",
+    code: int = 79,
+    gpu_index: int | None = 0,
+    kind: EventKind = EventKind.XID,
+    ts: float = NOW - 1,
 ) -> AttributedEvent:
     return AttributedEvent(
-        event=GpuEvent(event_id=event_id, node="n1", ts=NOW - 1, kind=kind, code=code, gpu_index=gpu_index,
+        event=GpuEvent(event_id=event_id, node="n1", ts=ts, kind=kind, code=code, gpu_index=gpu_index,
                        pci_bus_id="0000:00:00.0", gpu_uuid="GPU-0", pid=123, process_name="python",
                        message="GPU has fallen off the bus.", raw=f"NVRM: Xid (PCI:0000:00:00): {code}, ...",
                        source="kmsg"),
@@ -128,7 +141,37 @@ def _hashable(v: Any) -> Any:
     return tuple(v) if isinstance(v, list) else v
 
 
-def sdk_points(bridge: OtlpBridge, reader: InMemoryMetricReader) -> dict[str, dict[str, Any]]:
+class CapturingMetricExporter(MetricExporter):
+    """Keeps the last ``MetricsData`` exported to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.data: MetricsData | None = None
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kw: Any) -> MetricExportResult:
+        self.data = metrics_data
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kw: Any) -> None:
+        pass
+
+
+class CapturingReader(PeriodicExportingMetricReader):
+    """An SDK reader whose exports land in a :class:`CapturingMetricExporter` behind ``wrap``."""
+
+    def __init__(self, wrap: Any = lambda e: e) -> None:
+        self.sink = CapturingMetricExporter()
+        super().__init__(wrap(self.sink), export_interval_millis=3_600_000)
+
+    def get_metrics_data(self) -> MetricsData | None:
+        self.force_flush()
+        return self.sink.data
+
+
+def sdk_points(bridge: OtlpBridge, reader: InMemoryMetricReader | CapturingReader) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     data = reader.get_metrics_data()
     for rm in data.resource_metrics if data else []:
@@ -153,25 +196,188 @@ def sdk_bridge() -> Iterator[tuple[OtlpBridge, InMemoryMetricReader, InMemoryLog
     b.stop()
 
 
-def test_direct_encoding_equals_the_sdk_path(sdk_bridge: tuple[OtlpBridge, InMemoryMetricReader, Any]) -> None:
-    b, reader, _ = sdk_bridge
-    b.on_sample(sample())
-    b.on_event(xid())
-    b.on_failure(failure())
+#: NVLink, profiling (GPM), PCIe throughput, fan, P-state, retirement and remap readings of one GPU
+PROFILED: dict[str, Any] = dict(
+    nvlinks=[{"link": 1, "active": False, "crc_flit_errors": 2, "replay_errors": 1},
+             {"link": 0, "active": True, "crc_flit_errors": 5, "crc_data_errors": 1, "replay_errors": 0,
+              "recovery_errors": 3}],
+    tensor_activity_pct=42.0, sm_occupancy_pct=25.0, pcie_tx_kbps=1000.0, pcie_rx_kbps=2000.0, fan_speed_pct=30.0,
+    performance_state=0, ecc_sbe_aggregate=11, ecc_dbe_aggregate=2, retired_pages_sbe=4, retired_pages_dbe=1,
+    retired_pages_pending=False, remapped_rows_correctable=6, remapped_rows_uncorrectable=0,
+)  # fmt: skip
+
+
+def direct_and_sdk(
+    b: OtlpBridge, reader: InMemoryMetricReader | CapturingReader, naming: str = "otel"
+) -> dict[str, dict[str, Any]]:
+    """The direct encoding of ``b``'s store, asserted equal to what the SDK path exports."""
     sdk = sdk_points(b, reader)
-    enc = MetricEncoder(b.resource, "s", "1")
+    enc = MetricEncoder(b.resource, "s", "1", naming=naming)  # type: ignore[arg-type]
     requests, n = enc.encode(b.store.views(), b.store.failure_counts(),
-                             [(g.attributes, g.count) for g in b.store.open_failures()])  # fmt: skip
+                             [(g.attributes, g.count) for g in b.store.open_failures()],
+                             descriptions=OTEL_SHARED_DESCRIPTIONS)  # fmt: skip
     direct = decode(requests)
     assert set(direct) == set(sdk)
-    kinds = {"gauge": "gauge", "sum": "sum"}
     for name, d in direct.items():
         s = sdk[name]
-        assert (d["unit"], kinds[d["kind"]], d["monotonic"]) == (s["unit"], s["kind"], s["monotonic"]), name
+        assert (d["unit"], d["kind"], d["monotonic"]) == (s["unit"], s["kind"], s["monotonic"]), name
         assert d["points"] == pytest.approx(s["points"]), name
     assert n == sum(len(d["points"]) for d in direct.values())
-    errors = {dict(a)["error.type"]: v for a, v in direct["hw.errors"]["points"].items() if dict(a)["hw.id"] == "GPU-0"}
-    assert errors == {"corrected": 3, "uncorrected": 0, "pcie_replay": 7, "xid_79": 1}
+    return direct
+
+
+def gpu_points(direct: dict[str, dict[str, Any]], name: str, hw_id: str, *keys: str) -> dict[Any, float]:
+    """{values of ``keys``: value} of metric ``name``'s points on GPU ``hw_id``."""
+    out = {}
+    for a, v in direct.get(name, {"points": {}})["points"].items():
+        d = dict(a)
+        if d.get("hw.id", d.get("UUID")) == hw_id:
+            out[tuple(d[k] for k in keys) if len(keys) != 1 else d[keys[0]]] = v
+    return out
+
+
+def test_direct_encoding_equals_the_sdk_path(sdk_bridge: tuple[OtlpBridge, InMemoryMetricReader, Any]) -> None:
+    b, reader, _ = sdk_bridge
+    b.on_sample(sample(gpus=[gpu(0, **PROFILED), gpu(1)]))
+    b.on_event(xid())
+    b.on_failure(failure())
+    direct = direct_and_sdk(b, reader)
+    errors = gpu_points(direct, "hw.errors", "GPU-0", "error.type")
+    assert errors == {"corrected": 3, "uncorrected": 0, "pcie_replay": 7, "xid_79": 1, "nvlink_crc_flit": 7,
+                      "nvlink_crc_data": 1, "nvlink_replay": 1, "nvlink_recovery": 3}  # fmt: skip
+    assert gpu_points(direct, "hw.errors", "GPU-1", "error.type") == {"corrected": 3, "uncorrected": 0,
+                                                                      "pcie_replay": 7}  # fmt: skip
+    nvl = direct["gpuwarden.gpu.nvlink.errors"]
+    assert (nvl["unit"], nvl["kind"], nvl["monotonic"]) == ("{error}", "sum", True)
+    assert gpu_points(direct, "gpuwarden.gpu.nvlink.errors", "GPU-0", "gpuwarden.nvlink.link", "error.type") == {
+        (0, "crc_flit"): 5, (0, "crc_data"): 1, (0, "replay"): 0, (0, "recovery"): 3,
+        (1, "crc_flit"): 2, (1, "replay"): 1}  # fmt: skip
+    assert gpu_points(direct, "gpuwarden.gpu.nvlink.active", "GPU-0", "gpuwarden.nvlink.link") == {0: 1, 1: 0}
+    assert gpu_points(direct, "gpuwarden.gpu.tensor.activity", "GPU-0") == {(): pytest.approx(0.42)}
+    assert gpu_points(direct, "gpuwarden.gpu.sm.occupancy", "GPU-0") == {(): 0.25}
+    assert gpu_points(direct, "gpuwarden.gpu.fan.speed", "GPU-0") == {(): pytest.approx(0.30)}
+    assert gpu_points(direct, "gpuwarden.gpu.performance_state", "GPU-0") == {(): 0}
+    assert gpu_points(direct, "gpuwarden.gpu.pcie.throughput", "GPU-0", "network.io.direction") == {
+        "transmit": 1_024_000, "receive": 2_048_000}  # fmt: skip
+    assert direct["gpuwarden.gpu.pcie.throughput"]["unit"] == "By/s"
+    assert gpu_points(direct, "gpuwarden.gpu.memory.ecc.errors.lifetime", "GPU-0", "error.type") == {
+        "corrected": 11, "uncorrected": 2}  # fmt: skip
+    assert gpu_points(direct, "gpuwarden.gpu.memory.retired_pages", "GPU-0", "gpuwarden.retirement.cause") == {
+        "multiple_sbe": 4, "dbe": 1}  # fmt: skip
+    assert gpu_points(direct, "gpuwarden.gpu.memory.retired_pages.pending", "GPU-0") == {(): 0}
+    assert gpu_points(direct, "gpuwarden.gpu.memory.remapped_rows", "GPU-0", "gpuwarden.remap.cause") == {
+        "correctable": 6, "uncorrectable": 0}  # fmt: skip
+    # GPU 1 reports none of them: no point (never 0)
+    for name in ("gpuwarden.gpu.nvlink.errors", "gpuwarden.gpu.nvlink.active", "gpuwarden.gpu.tensor.activity",
+                 "gpuwarden.gpu.sm.occupancy", "gpuwarden.gpu.pcie.throughput", "gpuwarden.gpu.fan.speed",
+                 "gpuwarden.gpu.memory.retired_pages", "gpuwarden.gpu.memory.remapped_rows"):  # fmt: skip
+        assert gpu_points(direct, name, "GPU-1") == {}, name
+
+
+def test_dcgm_naming_direct_equals_the_sdk_path() -> None:
+    raw = InMemoryMetricReader()
+    b = OtlpBridge(resource=Resource({}), metric_readers=[raw], naming="dcgm", clock=lambda: NOW)
+    b.start()
+    b.on_sample(sample())
+    assert "dcgm_fi_dev_gpu_util" in sdk_points(b, raw)  # the SDK lower-cases instrument names...
+    b.stop()
+    # ...so the sdk path wraps its exporter to spell them as dcgm-exporter does
+    reader = CapturingReader(lambda e: MetricNameCaseExporter(e, (d.name for d in DCGM_METRICS)))
+    b = OtlpBridge(resource=Resource({"service.name": "t"}), metric_readers=[reader], naming="dcgm",
+                   clock=lambda: NOW)  # fmt: skip
+    b.start()
+    try:
+        b.on_sample(sample(gpus=[gpu(0, **PROFILED), gpu(1)]))
+        b.on_event(xid("e1", code=48))
+        b.on_event(xid("e2", code=79))
+        b.on_event(xid("e0", code=13, ts=NOW - 5))  # older (event time): not the last XID
+        b.on_failure(failure())
+        direct = direct_and_sdk(b, reader, naming="dcgm")
+    finally:
+        b.stop()
+    assert not any(n.startswith(("hw.", "gpuwarden.gpu.")) for n in direct)
+    want = {"DCGM_FI_DEV_XID_ERRORS": 79, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 0.42, "DCGM_FI_PROF_SM_OCCUPANCY": 0.25,
+            "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": 7, "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": 1,
+            "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": 1, "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": 3,
+            "DCGM_FI_PROF_PCIE_TX_BYTES": 1_024_000, "DCGM_FI_PROF_PCIE_RX_BYTES": 2_048_000,
+            "DCGM_FI_DEV_FAN_SPEED": 30, "DCGM_FI_DEV_PSTATE": 0, "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": 11,
+            "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": 2, "DCGM_FI_DEV_RETIRED_SBE": 4, "DCGM_FI_DEV_RETIRED_DBE": 1,
+            "DCGM_FI_DEV_RETIRED_PENDING": 0, "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 6,
+            "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 0}  # fmt: skip
+    for name, value in want.items():
+        assert gpu_points(direct, name, "GPU-0") == {(): pytest.approx(value)}, name
+        assert gpu_points(direct, name, "GPU-1") == {}, name  # not reported (no XID on GPU 1): absent
+    assert direct["DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"]["monotonic"] is True
+    assert direct["DCGM_FI_DEV_XID_ERRORS"]["kind"] == "gauge"
+    [attrs] = direct["DCGM_FI_DEV_XID_ERRORS"]["points"]
+    assert dict(attrs)["hpc_job"] == "42" and dict(attrs)["Hostname"] == "n1"
+
+
+def test_xid_counts_do_not_carry_over_to_the_next_job(
+    sdk_bridge: tuple[OtlpBridge, InMemoryMetricReader, Any],
+) -> None:
+    b, reader, _ = sdk_bridge
+    job43 = GpuAttribution(gpu_index=0, job_id="43", user="bob", partition="gpu")
+
+    def xids(direct: dict[str, dict[str, Any]]) -> dict[tuple[str, str], float]:
+        return {(d["slurm.job.id"], d["error.type"]): v for a, v in direct["hw.errors"]["points"].items()
+                if (d := dict(a))["hw.id"] == "GPU-0" and str(d["error.type"]).startswith("xid")}  # fmt: skip
+
+    b.on_sample(sample(jobs=[JOB]))
+    b.on_event(xid("e1"))
+    b.on_event(xid("e2"))
+    assert xids(direct_and_sdk(b, reader)) == {("42", "xid_79"): 2}
+    b.on_sample(sample(ts=NOW + 10, jobs=[job43]))  # the GPU moves to job 43: job 42's series ends
+    assert xids(direct_and_sdk(b, reader)) == {}
+    b.on_event(AttributedEvent(event=xid("e3").event.model_copy(update={"event_id": "e3", "ts": NOW + 11}),
+                               job=job43))  # fmt: skip
+    b.on_event(xid("e4"))  # a late event of job 42: logged, not counted under job 43
+    assert xids(direct_and_sdk(b, reader)) == {("43", "xid_79"): 1}
+    prom = {
+        (s.labels["job_id"], s.labels["error_type"]): s.value
+        for f in text_string_to_metric_families(generate_latest(registry(b)).decode())
+        for s in f.samples
+        if s.name == "gpuwarden_gpu_errors_total" and s.labels["gpu"] == "0" and s.labels["error_type"][:3] == "xid"
+    }
+    assert prom == {("43", "xid_79"): 1}  # fmt: skip
+
+
+def registry(b: OtlpBridge) -> CollectorRegistry:
+    reg = CollectorRegistry()
+    reg.register(b.collector)
+    return reg
+
+
+def test_prometheus_exposes_nvlink_and_profiling_series() -> None:
+    b = OtlpBridge(resource=Resource({}), clock=lambda: NOW)
+    b.on_sample(sample(gpus=[gpu(0, **PROFILED), gpu(1)]))
+    samples = [s for f in text_string_to_metric_families(generate_latest(registry(b)).decode()) for s in f.samples]
+
+    def values(name: str, *labels: str) -> dict[Any, float]:
+        return {tuple(s.labels[k] for k in labels): s.value for s in samples if s.name == name}
+
+    assert values("gpuwarden_gpu_nvlink_errors_total", "gpu", "link", "error_type") == {
+        ("0", "0", "crc_flit"): 5, ("0", "0", "crc_data"): 1, ("0", "0", "replay"): 0, ("0", "0", "recovery"): 3,
+        ("0", "1", "crc_flit"): 2, ("0", "1", "replay"): 1}  # fmt: skip
+    assert values("gpuwarden_gpu_nvlink_active", "gpu", "link") == {("0", "0"): 1, ("0", "1"): 0}
+    assert values("gpuwarden_gpu_tensor_activity_ratio", "gpu") == {("0",): pytest.approx(0.42)}
+    assert values("gpuwarden_gpu_sm_occupancy_ratio", "gpu") == {("0",): 0.25}
+    assert values("gpuwarden_gpu_pcie_transmit_bytes_per_second", "gpu") == {("0",): 1_024_000}
+    assert values("gpuwarden_gpu_errors_total", "gpu", "error_type")[("0", "nvlink_crc_flit")] == 7
+    assert values("gpuwarden_gpu_ecc_errors_lifetime_total", "gpu", "error_type") == {
+        ("0", "corrected"): 11, ("0", "uncorrected"): 2}  # fmt: skip
+    assert values("gpuwarden_gpu_retired_pages", "gpu", "cause") == {("0", "multiple_sbe"): 4, ("0", "dbe"): 1}
+    assert values("gpuwarden_gpu_remapped_rows", "gpu", "cause") == {("0", "correctable"): 6,
+                                                                    ("0", "uncorrectable"): 0}  # fmt: skip
+    d = OtlpBridge(resource=Resource({}), naming="dcgm", clock=lambda: NOW)
+    d.on_sample(sample(gpus=[gpu(0, **PROFILED), gpu(1)]))
+    d.on_event(xid())
+    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(registry(d)).decode())}
+    assert {s.labels["gpu"]: s.value for s in fams["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"].samples} == {
+        "0": pytest.approx(0.42)}  # fmt: skip
+    assert {s.labels["gpu"]: s.value for s in fams["DCGM_FI_DEV_XID_ERRORS"].samples} == {"0": 79}
+    assert {s.labels["gpu"]: s.value for s in fams["DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"].samples} == {
+        "0": 7}  # fmt: skip
 
 
 def test_requests_are_split_under_the_size_limit() -> None:
@@ -477,3 +683,58 @@ async def test_service_routes_events_and_node_states() -> None:
                                                                             "gpuwarden.node.state"]  # fmt: skip
     finally:
         svc.bridge.stop()
+
+
+def test_sdk_path_in_dcgm_naming_keeps_the_dcgm_spelling() -> None:
+    s = OtlpBridgeSettings(
+        otlp_bridge_endpoint="127.0.0.1:1", otlp_bridge_export_interval_s=3600, otlp_bridge_timeout_s=0.1,
+        otlp_bridge_metrics_path="sdk", otlp_bridge_naming="dcgm",
+    )  # fmt: skip
+    readers, exporters, _ = build_otlp_exporters(s)
+    try:
+        exporter = readers[0]._exporter  # type: ignore[attr-defined]
+        assert isinstance(exporter, MetricNameCaseExporter)
+        assert exporter.names["dcgm_fi_dev_xid_errors"] == "DCGM_FI_DEV_XID_ERRORS"
+    finally:
+        for r in readers:
+            r.shutdown()
+        for e in exporters:
+            e.shutdown()
+
+
+class BlockingLogs(LogRecordExporter):
+    """Accepts batches, but only once ``release`` is set (a slow receiver)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.received = 0
+
+    def export(self, batch: Any) -> LogRecordExportResult:
+        self.release.wait(10)
+        self.received += len(batch)
+        return LogRecordExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        self.release.set()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def test_log_records_refused_by_a_full_queue_are_counted() -> None:
+    slow = BlockingLogs()
+    b = OtlpBridge(resource=Resource({}), log_exporters=[slow], log_processor="batch", log_queue_size=4,
+                   clock=lambda: NOW)  # fmt: skip
+    b.start()
+    try:
+        for i in range(20):  # 20 new nodes: 20 log records while the receiver blocks the first batch
+            assert b.on_node_state(NodeState(node=f"n{i}", ts=NOW, state="IDLE"))
+        assert b.export_stats()["logs_queue_full"] == 16
+        slow.release.set()
+        assert b.force_flush(5)
+        stats = b.export_stats()
+        assert (slow.received, stats["logs_exported"], stats["logs_queue_full"]) == (4, 4, 16)
+        text = generate_latest(registry(b)).decode()
+        assert "gpuwarden_otlp_log_records_queue_full_total 16.0" in text
+    finally:
+        b.stop()

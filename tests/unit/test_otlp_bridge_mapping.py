@@ -80,7 +80,19 @@ def test_metric_catalog_names_units_and_prometheus_names() -> None:
         assert s.otel_name.startswith(("hw.", "gpuwarden.")), s
         assert s.prom_name.startswith("gpuwarden_gpu_"), s
         assert s.prom_name.endswith(
-            ("_ratio", "_bytes", "_celsius", "_watts", "_hertz", "_total", "_generation", "_lanes")
+            (
+                "_ratio",
+                "_bytes",
+                "_celsius",
+                "_watts",
+                "_hertz",
+                "_total",
+                "_generation",
+                "_lanes",
+                "_bytes_per_second",
+                "_state",
+                "_pending",
+            )
         ), s
         assert (s.prom_type == "counter") == s.prom_name.endswith("_total")
     prom = {s.prom_name for s in GPU_METRICS}
@@ -107,6 +119,22 @@ def test_metric_catalog_names_units_and_prometheus_names() -> None:
 )
 def test_values_in_base_units(key: str, expected: float) -> None:
     assert SPECS[key].value(GPU) == pytest.approx(expected)
+
+
+PROFILED = GpuSample(
+    index=0, pcie_tx_kbps=1000.0, pcie_rx_kbps=2000.0, tensor_activity_pct=42.0, sm_occupancy_pct=25.0,
+    fan_speed_pct=30.0, performance_state=0, retired_pages_pending=True,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    [("pcie_tx", 1_024_000.0), ("pcie_rx", 2_048_000.0), ("tensor_activity", 0.42), ("sm_occupancy", 0.25),
+     ("fan_speed", 0.30), ("performance_state", 0.0), ("retired_pages_pending", 1.0)],
+)  # fmt: skip
+def test_profiling_and_pcie_values_in_base_units(key: str, expected: float) -> None:
+    assert SPECS[key].value(PROFILED) == pytest.approx(expected)
+    assert SPECS["pcie_tx"].extra_attributes == {"network.io.direction": "transmit"}
 
 
 def test_missing_readings_stay_missing_never_zero() -> None:

@@ -168,3 +168,86 @@ async def test_memory_sink_grouping_per_node_and_pattern() -> None:
     await al.fire("A", "n1", "p1", "critical", "s")
     assert [b[0].labels["pattern"] for b in sink.sent] == ["p1", "p2"]
     assert await al.resolve("n1", pattern="p2") == 1 and list(al.active) == [("n1", "A", "p1")]
+
+
+async def test_node_cap_alerts_instead_of_draining_through_the_service(receiver: tuple[Receiver, str]) -> None:
+    """Per-node cap per 7 days, end to end in the service: FakeSlurm, a local Alertmanager."""
+    from gpuwarden.remediator import Remediator, RemediatorSettings
+    from gpuwarden.remediator.policy_file import DEFAULT_POLICY
+    from gpuwarden.shared.bus import MemoryPublisher
+    from gpuwarden.shared.models import (
+        Action,
+        Category,
+        CostEstimate,
+        Failure,
+        FailureState,
+        NodeState,
+        Remediation,
+        Severity,
+    )
+    from gpuwarden.shared.slurm import FakeSlurm
+
+    class Prod(MemoryPublisher):
+        async def start(self) -> None: ...
+        async def stop(self) -> None: ...
+
+    rec, base = receiver
+    clock = [1_800_000_000.0]
+    fake = FakeSlurm(nodes=[NodeState(node=f"gpu-node-{i:03d}", ts=1.0, state="IDLE") for i in range(1, 5)])
+    fake.now = lambda: clock[0]
+    alerter = Alerter([AlertmanagerSink(SecretStr(base))], labels={"cluster": "c1"}, now=lambda: clock[0])
+    settings = RemediatorSettings(
+        remediator_enforce=True,
+        remediator_max_per_node_per_week=2,
+        remediator_max_drains_per_window=100,
+        remediator_max_drain_fraction=1.0,
+    )
+    prod = Prod()
+    r = Remediator(
+        settings,
+        client=fake,  # type: ignore[arg-type]
+        producer=prod,  # type: ignore[arg-type]
+        now=lambda: clock[0],
+        alerter=alerter,
+        policy=DEFAULT_POLICY.model_copy(update={"hold_down_s": 0.0}),
+    )
+    await r.seed()
+
+    def fail(fid: str, state: FailureState = FailureState.OPEN) -> Failure:
+        return Failure(
+            failure_id=fid,
+            pattern="gpu-fallen-off-bus",
+            rule_id="xid-79",
+            category=Category.HARDWARE,
+            severity=Severity.CRITICAL,
+            node="gpu-node-002",
+            gpu_index=3,
+            first_seen=clock[0] - 5,
+            last_seen=clock[0] - 1,
+            verdict="GPU 3 fell off the bus",
+            recommended_action=Action.DRAIN,
+            cost=CostEstimate(affected_gpus=8, usd_per_hour=26.08, gpu_hours_lost=0.1),
+            state=state,
+        )
+
+    for fid in ("cap-1", "cap-2"):  # two drains (each resolved and resumed) within the week
+        assert (await r.handle_failure(fail(fid))).decision.value == "executed"
+        clock[0] += 3600
+        await r.handle_failure(fail(fid, FailureState.RESOLVED))
+        [resumed] = await r.resume_due()
+        assert resumed.action == Action.RESUME and resumed.decision.value == "executed"
+        clock[0] += 3600
+    fired_before = len(rec.am)
+    third = await r.handle_failure(fail("cap-3"))
+    assert third.decision.value == "refused" and third.reason.startswith("[rule=node-cap]")
+    assert third.action == Action.DRAIN and third.exit_code is None  # no command ran
+    assert [c[1] for c in fake.calls] == ["DRAIN", "RESUME", "DRAIN", "RESUME"]  # no third drain
+    assert not fake.nodes_map["gpu-node-002"].drained
+    new = [a for batch in rec.am[fired_before:] for a in batch]
+    [alert] = [a for a in new if a["labels"]["alertname"] == "GpuwardenRemediationRefused"]
+    assert alert["labels"]["node"] == "gpu-node-002" and alert["labels"]["pattern"] == "gpu-fallen-off-bus"
+    assert "node-cap" in alert["annotations"]["summary"] and "endsAt" not in alert
+    published = [v for t, _, v in prod.sent if t == "remediations"]
+    assert isinstance(published[-1], Remediation) and published[-1].decision.value == "refused"
+    clock[0] += 7 * 86400  # a week later the cap has room again
+    assert (await r.handle_failure(fail("cap-4"))).decision.value == "executed"

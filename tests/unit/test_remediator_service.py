@@ -165,3 +165,69 @@ async def test_resume_unknown_and_invalid() -> None:
     fake = FakeSlurm(nodes=[])
     assert (await resume_node(fake, "gpu-node-009"))[0] == 2
     assert (await resume_node(fake, "bad name"))[0] == 2
+
+
+async def test_require_health_check_gates_the_resume() -> None:
+    """RESUME only after a health check passed after the failure resolved, with none failing since."""
+    from gpuwarden.remediator.policy_file import DEFAULT_POLICY
+    from gpuwarden.shared.models import FailureState, HealthCheckResult
+
+    clock = [NOW]
+    fake = FakeSlurm(nodes=nodes(4))
+    fake.now = lambda: clock[0]
+    prod = MemProducer()
+    policy = DEFAULT_POLICY.model_copy(update={"hold_down_s": 60.0, "require_health_check": True})
+    r = Remediator(
+        RemediatorSettings(remediator_enforce=True),
+        client=fake,  # type: ignore[arg-type]
+        producer=prod,  # type: ignore[arg-type]
+        now=lambda: clock[0],
+        policy=policy,
+    )
+    await r.seed()
+
+    def health(ts: float, passed: bool, check: str = "gpu-burn") -> HealthCheckResult:
+        return HealthCheckResult(node="gpu-node-002", ts=ts, phase="periodic", check=check, passed=passed)
+
+    assert (await r.handle_failure(failure())).decision == D.EXECUTED
+    r.note_health(health(NOW + 1, True))  # a pass while the failure is still open: does not count
+    clock[0] = NOW + 10
+    await r.handle_failure(failure(state=FailureState.RESOLVED))
+    clock[0] = NOW + 100  # hold-down (60 s) over
+    assert await r.resume_due() == []
+    r.note_health(health(NOW + 50, True))
+    r.note_health(health(NOW + 50, False, "dcgm-diag"))  # same run, one check failed
+    assert await r.resume_due() == []
+    r.note_health(health(NOW + 90, False))
+    assert await r.resume_due() == []
+    assert [c[1] for c in fake.calls] == ["DRAIN"] and fake.nodes_map["gpu-node-002"].drained
+    r.note_health(health(NOW + 95, True))
+    [rem] = await r.resume_due()
+    assert rem.action == Action.RESUME and rem.decision == D.EXECUTED and "[rule=all-resolved]" in rem.reason
+    assert [c[1] for c in fake.calls] == ["DRAIN", "RESUME"] and not fake.nodes_map["gpu-node-002"].drained
+    assert r.history.to_json()["health_fail"] == {"gpu-node-002": NOW + 90}
+
+
+async def test_without_health_check_requirement_resume_follows_the_hold_down() -> None:
+    from gpuwarden.remediator.policy_file import DEFAULT_POLICY
+    from gpuwarden.shared.models import FailureState
+
+    clock = [NOW]
+    fake = FakeSlurm(nodes=nodes(4))
+    fake.now = lambda: clock[0]
+    r = Remediator(
+        RemediatorSettings(remediator_enforce=True),
+        client=fake,  # type: ignore[arg-type]
+        producer=MemProducer(),  # type: ignore[arg-type]
+        now=lambda: clock[0],
+        policy=DEFAULT_POLICY.model_copy(update={"hold_down_s": 60.0}),
+    )
+    await r.seed()
+    await r.handle_failure(failure())
+    clock[0] = NOW + 10
+    await r.handle_failure(failure(state=FailureState.RESOLVED))
+    clock[0] = NOW + 69
+    assert await r.resume_due() == []  # hold-down not over
+    clock[0] = NOW + 71
+    [rem] = await r.resume_due()
+    assert rem.decision == D.EXECUTED and [c[1] for c in fake.calls] == ["DRAIN", "RESUME"]

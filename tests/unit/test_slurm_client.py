@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
+from gpuwarden.shared.models import JobState
 from gpuwarden.shared.scenario import Scenario, ScenarioClock
 from gpuwarden.shared.slurm import (
     CliSlurm,
@@ -15,6 +17,8 @@ from gpuwarden.shared.slurm import (
     SlurmError,
     SubprocessRunner,
     drain_argv,
+    ended_after,
+    sacct_ended_argv,
 )
 
 LOCAL = Path(__file__).resolve().parents[1] / "fixtures" / "slurm" / "local-22.05"
@@ -188,3 +192,28 @@ async def test_simulated_slurm_jobs_nodes_and_shared_drain_state(tmp_path: Path)
     assert await sim.node("gpu-node-999") is None
     assert (await other.update_node("gpu-node-002", "RESUME", None)).ok
     assert not (await sim.node("gpu-node-002")).drained  # type: ignore[union-attr]
+
+
+async def test_ended_since_argv_and_window_filter() -> None:
+    """``sacct -S <since> -s <terminal states>`` as an argv list; records ending before are dropped."""
+    since = 1796023514.0
+    r = ReplayRunner({("sacct", "--json"): [(0, (LOCAL / "sacct.json").read_text(), "")]})
+    ended = await cli(r).ended_since(since)
+    assert sorted(j.job_id for j in ended) == ["1", "2", "3", "5"]  # job 4 ended at ...513
+    assert all(j.confirmed for j in ended)
+    (argv,) = r.calls
+    assert argv == sacct_ended_argv(since) and argv[:5] == ["sacct", "--json", "-X", "-a", "-S"]
+    assert argv[6:] == ["-E", "now", "-s", "CD,F,CA,TO,NF,PR,OOM,BF,DL"]
+    assert datetime.fromisoformat(argv[5]).timestamp() == since  # local time, as sacct reads it
+    r_fail = ReplayRunner({("sacct",): [(1, "", "sacct: error: slurmdbd: Connection refused")]})
+    with pytest.raises(SlurmError, match="sacct"):
+        await cli(r_fail).ended_since(since)
+
+
+def test_ended_after_keeps_terminal_records_in_the_window() -> None:
+    def rec(jid: str, state: str, end: float | None) -> JobState:
+        return JobState(job_id=jid, ts=1.0, state=state, end_ts=end)
+
+    got = ended_after([rec("1", "COMPLETED", 10.0), rec("2", "FAILED", 5.0), rec("3", "RUNNING", None)], 8.0)
+    assert [j.job_id for j in got] == ["1"]
+    assert [j.job_id for j in ended_after([rec("4", "CANCELLED", None)], 8.0)] == ["4"]

@@ -213,3 +213,71 @@ async def test_single_publisher_lease_failover() -> None:
     fake.jobs_list = [job("1"), job("2")]
     assert await b.poll_once() == 3 and all(v.snapshot for _, _, v in pb.sent)
     assert await a.poll_once() == 0 and a.status == "standby"
+
+
+async def test_takeover_publishes_ends_missed_while_no_watcher_held_the_lease() -> None:
+    """Jobs that ended and left squeue during a lease gap come from sacct on takeover, once."""
+    from gpuwarden.slurm_watcher.lease import MemoryLease, MemoryLeaseBoard
+
+    clock = {"t": 10_000.0}
+    board = MemoryLeaseBoard()
+    fake = FakeSlurm(nodes=[node("gpu-node-001")], jobs=[job("1")])
+    s = SlurmWatcherSettings(slurm_watcher_snapshot_s=3600, slurm_watcher_takeover_lookback_s=600)
+    pa, pb = MemProducer(), MemProducer()
+    a = SlurmWatcher(s, client=fake, producer=pa, now=lambda: clock["t"], lease=MemoryLease(board))  # type: ignore[arg-type]
+    b = SlurmWatcher(s, client=fake, producer=pb, now=lambda: clock["t"], lease=MemoryLease(board))  # type: ignore[arg-type]
+    await b.lease.start()
+    await a.lease.start()  # b holds the lease; a stands by
+    assert await b.poll_once() == 2 and fake.ended_since_calls == [10_000.0 - 600]
+    assert await a.poll_once() == 0
+    await b.lease.stop()  # the holder dies; nobody polls for 300 s
+    clock["t"] = 10_300.0
+    fake.jobs_list = [job("1")]  # "2" ran, failed and left squeue in the gap; "3" ended long before
+    fake.accounting_map = {
+        "2": job("2", "FAILED", exit_code=3, end_ts=10_100.0, confirmed=True),
+        "3": job("3", "COMPLETED", exit_code=0, end_ts=9_000.0, confirmed=True),
+        "1": job("1", "RUNNING"),
+    }
+    fake.accounting_error = SlurmError("sacct --json failed (exit 1): slurmdbd unreachable")
+    assert await a.poll_once() == 2  # snapshot (job 1 + node); recovery failed: retried next poll
+    assert a.status == "degraded" and a.recovered == 0
+    fake.accounting_error = None
+    clock["t"] = 10_302.0
+    assert await a.poll_once() == 1
+    assert fake.ended_since_calls == [9_400.0, 9_700.0, 9_700.0]  # a never polled: now - look-back
+    _, key, end = pa.sent[-1]
+    assert (key, end.state, end.exit_code, end.end_ts, end.confirmed, end.snapshot, end.ts) == (
+        "2",
+        "FAILED",
+        3,
+        10_100.0,
+        True,
+        False,
+        10_302.0,
+    )
+    assert await a.poll_once() == 0 and a.recovered == 1  # published once, not again
+    assert len(fake.ended_since_calls) == 3
+
+
+async def test_takeover_recovery_starts_at_own_last_poll_when_later() -> None:
+    from gpuwarden.slurm_watcher.lease import MemoryLease, MemoryLeaseBoard
+
+    clock = {"t": 10_000.0}
+    board = MemoryLeaseBoard()
+    fake = FakeSlurm(nodes=[node("gpu-node-001")], jobs=[])
+    s = SlurmWatcherSettings(slurm_watcher_snapshot_s=3600, slurm_watcher_takeover_lookback_s=600)
+    lease = MemoryLease(board)
+    w = SlurmWatcher(s, client=fake, producer=MemProducer(), now=lambda: clock["t"], lease=lease)  # type: ignore[arg-type]
+    await lease.start()
+    await w.poll_once()
+    await lease.stop()
+    assert await w.poll_once() == 0
+    clock["t"] = 10_030.0
+    await lease.start()
+    await w.poll_once()
+    assert fake.ended_since_calls == [9_400.0, 10_000.0]
+    off = SlurmWatcher(
+        SlurmWatcherSettings(slurm_watcher_takeover_lookback_s=0), client=fake, producer=MemProducer(), now=lambda: 1.0
+    )  # type: ignore[arg-type]
+    await off.poll_once()
+    assert fake.ended_since_calls == [9_400.0, 10_000.0]  # look-back 0: recovery off

@@ -44,8 +44,11 @@ server.stop(None)
 """
 
 
-def fleet(nodes: int, gpus: int, ts: float) -> list[AttributedSample]:
-    """``nodes`` attributed samples of ``gpus`` fully populated GPUs, each GPU held by a job."""
+def fleet(nodes: int, gpus: int, ts: float, nvlinks: int = 18) -> list[AttributedSample]:
+    """``nodes`` attributed samples of ``gpus`` fully populated GPUs (H100 SXM: ``nvlinks``
+    NVLinks with their 4 error counters, GPM profiling, PCIe throughput), each GPU held by a job."""
+    links = [{"link": k, "active": True, "crc_flit_errors": 0, "crc_data_errors": 0, "replay_errors": 0,
+              "recovery_errors": 0} for k in range(nvlinks)]  # fmt: skip
     out = []
     for n in range(nodes):
         gs = [
@@ -71,6 +74,19 @@ def fleet(nodes: int, gpus: int, ts: float) -> list[AttributedSample]:
                 pcie_link_gen=5,
                 pcie_link_width=16,
                 throttle_reasons=["sw_power_cap"],
+                nvlinks=links or None,
+                tensor_activity_pct=35.0,
+                sm_occupancy_pct=60.0,
+                pcie_tx_kbps=120_000.0,
+                pcie_rx_kbps=80_000.0,
+                performance_state=0,
+                ecc_sbe_aggregate=2,
+                ecc_dbe_aggregate=0,
+                retired_pages_sbe=0,
+                retired_pages_dbe=0,
+                retired_pages_pending=False,
+                remapped_rows_correctable=0,
+                remapped_rows_uncorrectable=0,
             )
             for i in range(gpus)
         ]
@@ -90,6 +106,7 @@ def bridge(
     cycles: int = typer.Option(3, help="export cycles measured per path (after one warm-up)"),
     sdk: bool = typer.Option(True, help="also measure the OpenTelemetry SDK path"),
     profile: bool = typer.Option(False, help="print the top functions (cProfile) of each path"),
+    nvlinks: int = typer.Option(18, help="NVLinks per GPU (H100 SXM: 18; 0 for none)"),
 ) -> None:
     """OTLP data points exported per CPU-second: direct path vs the SDK path."""
     from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
@@ -103,8 +120,9 @@ def bridge(
         assert sink.stdout is not None
         endpoint = f"127.0.0.1:{sink.stdout.readline().strip()}"
         t0 = time.time()
-        samples = [fleet(nodes, gpus, t0 + c) for c in range(cycles + 1)]
-        typer.echo(f"fleet: {nodes} nodes x {gpus} GPUs; sink {endpoint}; {cycles} cycles (+1 warm-up)")
+        samples = [fleet(nodes, gpus, t0 + c, nvlinks) for c in range(cycles + 1)]
+        typer.echo(f"fleet: {nodes} nodes x {gpus} GPUs x {nvlinks} NVLinks; sink {endpoint}; "
+                   f"{cycles} cycles (+1 warm-up)")  # fmt: skip
 
         def run(name: str, b: OtlpBridge) -> float:
             b.start()
@@ -145,15 +163,16 @@ def bridge(
             return per
 
         res = build_resource("gpuwarden-bench")
+        limit = nodes * gpus * max(nvlinks * 4, 8) + 1  # per-link NVLink error series are the widest metric
         direct = run("direct", OtlpBridge(resource=res, metric_transports=[GrpcTransport(endpoint, insecure=True)],
-                                          export_interval_s=3600))  # fmt: skip
+                                          export_interval_s=3600, cardinality_limit=limit))  # fmt: skip
         if sdk:
             reader = PeriodicExportingMetricReader(
                 OTLPMetricExporter(endpoint=endpoint, insecure=True, timeout=120),
                 export_interval_millis=3_600_000,
                 export_timeout_millis=120_000,
             )
-            plain = run("sdk", OtlpBridge(resource=res, metric_readers=[reader]))
+            plain = run("sdk", OtlpBridge(resource=res, metric_readers=[reader], cardinality_limit=limit))
             typer.echo(f"direct / sdk: {direct / plain:.1f}x")
     finally:
         if sink.stdin is not None:

@@ -8,9 +8,11 @@ observable instrument whose callback reads the :class:`LatestStore`, so only cur
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from importlib.metadata import PackageNotFoundError, version
@@ -26,7 +28,13 @@ from opentelemetry.sdk._logs.export import (
     SimpleLogRecordProcessor,
 )
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricExportResult,
+    MetricReader,
+    MetricsData,
+    PeriodicExportingMetricReader,
+)
 from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import Resource
 
@@ -35,12 +43,15 @@ from gpuwarden.shared.models import AttributedEvent, AttributedSample, Failure, 
 from .direct import DirectMetricExporter, GrpcTransport, HttpTransport, MetricEncoder, Transport
 from .mapping import (
     DATA_POINT_ATTRIBUTE_KEYS,
+    DCGM_METRICS,
     GPU_METRICS,
     GPU_MULTI_METRICS,
     OTEL_SHARED_DESCRIPTIONS,
+    DcgmSpec,
     LogFields,
     MetricSpec,
     MultiMetricSpec,
+    dcgm_attributes,
     event_log,
     failure_log,
     metric_attributes,
@@ -53,11 +64,14 @@ from .store import LatestStore
 
 __all__ = [
     "DEFAULT_SERVICE_NAME",
+    "AdmittingLogRecordProcessor",
     "CountingLogExporter",
+    "MetricNameCaseExporter",
     "OtlpBridge",
     "OtlpExporters",
     "build_otlp_exporters",
     "build_resource",
+    "restore_metric_names",
 ]
 
 log = logging.getLogger(__name__)
@@ -168,6 +182,8 @@ def build_otlp_exporters(settings: OtlpBridgeSettings) -> OtlpExporters:
         log_exporter = HttpLogs(endpoint=f"{base}/v1/logs", headers=headers, timeout=timeout,
                                 compression=hcomp, **http_tls)  # fmt: skip
     readers: list[MetricReader] = []
+    if metric_exporter is not None and settings.otlp_bridge_naming == "dcgm":
+        metric_exporter = MetricNameCaseExporter(metric_exporter, (d.name for d in DCGM_METRICS))  # type: ignore[arg-type]
     if metric_exporter is not None:
         readers.append(
             PeriodicExportingMetricReader(
@@ -177,6 +193,45 @@ def build_otlp_exporters(settings: OtlpBridgeSettings) -> OtlpExporters:
             )
         )
     return OtlpExporters(readers, [log_exporter], transports)
+
+
+def restore_metric_names(data: MetricsData, names: dict[str, str]) -> MetricsData:
+    """``data`` with each metric name found in ``names`` (lower-case -> wanted spelling)
+    replaced (pure). The SDK lower-cases instrument names (the OTel API treats them as
+    case-insensitive), but Prometheus and dcgm-exporter dashboards match
+    ``DCGM_FI_DEV_GPU_UTIL`` case-sensitively."""
+    return MetricsData(
+        resource_metrics=[
+            dataclasses.replace(rm, scope_metrics=[
+                dataclasses.replace(sm, metrics=[
+                    dataclasses.replace(m, name=names.get(m.name, m.name)) for m in sm.metrics])
+                for sm in rm.scope_metrics])
+            for rm in data.resource_metrics
+        ]
+    )  # fmt: skip
+
+
+class MetricNameCaseExporter(MetricExporter):
+    """Wraps an SDK metric exporter and gives the metric names in ``names`` their spelling
+    back (see :func:`restore_metric_names`); used on the ``sdk`` path in dcgm naming."""
+
+    def __init__(self, inner: MetricExporter, names: Iterable[str]) -> None:
+        super().__init__(
+            preferred_temporality=getattr(inner, "_preferred_temporality", None),
+            preferred_aggregation=getattr(inner, "_preferred_aggregation", None),
+        )
+        self.inner = inner
+        self.names = {n.lower(): n for n in names}
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+        return self.inner.export(restore_metric_names(metrics_data, self.names), timeout_millis=timeout_millis,
+                                 **kwargs)  # fmt: skip
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self.inner.shutdown(timeout_millis, **kwargs)
 
 
 def _read(path: str | None) -> bytes | None:
@@ -214,6 +269,56 @@ class CountingLogExporter(LogRecordExporter):
         return self.inner.force_flush(timeout_millis)
 
 
+class AdmittingLogRecordProcessor(LogRecordProcessor):
+    """The SDK's ``BatchLogRecordProcessor`` behind an admission count, so that no record is
+    lost silently in its queue.
+
+    The SDK processor drops a record when its queue (``max_queue_size``) is full, with a
+    log line but no count the bridge can read (its ``otel.sdk.processor.log.processed``
+    metric exists only with ``OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED`` and a meter
+    provider of its own). Here a record is admitted only while the records in flight
+    (admitted and not yet exported or failed, as counted by ``exporter``) are fewer than
+    ``max_queue_size``; so the inner queue never overflows, and every record refused is
+    counted in ``dropped``. In flight includes the batch being exported, so under overload
+    up to one batch fewer records than ``max_queue_size`` wait.
+    """
+
+    def __init__(
+        self,
+        exporter: CountingLogExporter,
+        max_queue_size: int = 2048,
+        schedule_delay_millis: float | None = None,
+        max_export_batch_size: int | None = None,
+    ) -> None:
+        self.exporter = exporter
+        self.max_queue_size = max_queue_size
+        self.admitted = 0
+        self.dropped = 0
+        self._lock = threading.Lock()
+        self.inner = BatchLogRecordProcessor(
+            exporter, schedule_delay_millis=schedule_delay_millis, max_queue_size=max_queue_size,
+            max_export_batch_size=min(max_export_batch_size or 512, max_queue_size),
+        )  # fmt: skip
+
+    def on_emit(self, log_record: Any) -> None:
+        with self._lock:
+            in_flight = self.admitted - self.exporter.exported - self.exporter.dropped
+            if in_flight >= self.max_queue_size:
+                self.dropped += 1
+                if self.dropped == 1 or self.dropped % 1000 == 0:
+                    log.warning("OTLP log queue full (%d records in flight): %d records dropped so far",
+                                in_flight, self.dropped)  # fmt: skip
+                return
+            self.admitted += 1
+        self.inner.on_emit(log_record)
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
 class OtlpBridge:
     """Feeds a :class:`LatestStore` and emits OTel log records; owns the OTel providers.
 
@@ -240,6 +345,7 @@ class OtlpBridge:
         retry_s: float | None = None,
         max_request_bytes: int = 4_000_000,
         naming: Literal["otel", "dcgm"] = "otel",
+        log_queue_size: int = 2048,
     ) -> None:
         self.resource = resource if resource is not None else build_resource()
         self._readers = list(metric_readers)
@@ -253,6 +359,8 @@ class OtlpBridge:
         self.direct_exporters: list[DirectMetricExporter] = []  # every one started (for the counts)
         self._running_direct: list[DirectMetricExporter] = []
         self._log_processor = log_processor
+        self._log_queue_size = log_queue_size
+        self.log_processors: list[LogRecordProcessor] = []
         self._cardinality_limit = cardinality_limit
         self._clock = clock
         self.store = LatestStore(staleness_s, failure_ttl_s, clock=clock)
@@ -287,16 +395,19 @@ class OtlpBridge:
     def start(self) -> None:
         if self.meter_provider is not None:
             return
-        if self.naming == "dcgm" and self._readers:
-            log.warning("dcgm naming applies to /metrics and the direct OTLP path; SDK metric readers get OTel names")
         mp = MeterProvider(
             resource=self.resource,
             metric_readers=self._readers,
             views=[View(instrument_name="*", aggregation_cardinality_limit=self._cardinality_limit)],
         )
         meter = mp.get_meter(SCOPE, _VERSION)
+        create: Callable[..., object]
+        if self.naming == "dcgm":
+            for d in DCGM_METRICS:
+                create = meter.create_observable_counter if d.kind == "counter" else meter.create_observable_gauge
+                create(d.name, callbacks=[self._dcgm_callback(d)], unit="", description=d.help)
         by_name: dict[str, list[MetricSpec]] = {}
-        for spec in GPU_METRICS:  # several rows may share one OTel name (hw.temperature sensors)
+        for spec in GPU_METRICS if self.naming == "otel" else ():  # rows may share one OTel name (hw.temperature)
             by_name.setdefault(spec.otel_name, []).append(spec)
         for name, specs in by_name.items():
             first = specs[0]
@@ -307,7 +418,7 @@ class OtlpBridge:
             }[first.otel_kind]
             desc = OTEL_SHARED_DESCRIPTIONS.get(name, first.description)
             create(name, callbacks=[self._gpu_callback(tuple(specs))], unit=first.otel_unit, description=desc)
-        for multi in GPU_MULTI_METRICS:
+        for multi in GPU_MULTI_METRICS if self.naming == "otel" else ():
             create = {
                 "gauge": meter.create_observable_gauge,
                 "updown": meter.create_observable_up_down_counter,
@@ -326,9 +437,12 @@ class OtlpBridge:
         lp = LoggerProvider(resource=self.resource)
         for exp in self._log_exporters:
             proc: LogRecordProcessor = (
-                SimpleLogRecordProcessor(exp) if self._log_processor == "simple" else BatchLogRecordProcessor(exp)
+                SimpleLogRecordProcessor(exp)
+                if self._log_processor == "simple"
+                else AdmittingLogRecordProcessor(exp, self._log_queue_size)
             )
             lp.add_log_record_processor(proc)
+            self.log_processors.append(proc)
         self._logger = lp.get_logger(SCOPE, _VERSION)
         self.meter_provider, self.logger_provider = mp, lp
         for transport in self._transports:
@@ -345,7 +459,8 @@ class OtlpBridge:
 
     def export_stats(self) -> dict[str, float]:
         """Counts since start: ``points_exported``, ``points_dropped``, ``export_retries``
-        (direct metric path), ``logs_exported``, ``logs_dropped``, ``gpus_refused`` (memory
+        (direct metric path), ``logs_exported``, ``logs_dropped`` (failed exports),
+        ``logs_queue_full`` (refused by the full export queue), ``gpus_refused`` (memory
         bound), ``series_over_limit`` (points left out at the last export)."""
         out = {
             "points_exported": float(sum(e.stats.points_exported for e in self.direct_exporters)),
@@ -353,6 +468,9 @@ class OtlpBridge:
             "export_retries": float(sum(e.stats.retries for e in self.direct_exporters)),
             "logs_exported": float(sum(e.exported for e in self._log_exporters)),
             "logs_dropped": float(sum(e.dropped for e in self._log_exporters)),
+            "logs_queue_full": float(
+                sum(p.dropped for p in self.log_processors if isinstance(p, AdmittingLogRecordProcessor))
+            ),
             "gpus_refused": float(self.store.gpus_refused),
         }
         return out
@@ -459,9 +577,20 @@ class OtlpBridge:
         def observe(_: CallbackOptions) -> Iterable[Observation]:
             out = []
             for e, view in self.store.views():
-                for value_key, v in spec.points(view):
-                    out.append(Observation(v, {**e.attributes, spec.otel_key: value_key}))
+                for values, v in spec.points(view):
+                    out.append(Observation(v, {**e.attributes, **dict(zip(spec.otel_keys, values, strict=True))}))
             return self._bounded(spec.otel_name, out)
+
+        return observe
+
+    def _dcgm_callback(self, spec: DcgmSpec) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(_: CallbackOptions) -> Iterable[Observation]:
+            out = []
+            for e, view in self.store.views():
+                v = spec.value(view)
+                if v is not None:
+                    out.append(Observation(float(v), dcgm_attributes(e.attributes)))
+            return self._bounded(spec.name, out)
 
         return observe
 

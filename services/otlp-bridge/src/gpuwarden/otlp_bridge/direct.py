@@ -32,7 +32,6 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.sdk.resources import Resource
 
 from .mapping import (
-    DCGM_LABELS,
     DCGM_METRICS,
     GPU_METRICS,
     GPU_MULTI_METRICS,
@@ -40,7 +39,7 @@ from .mapping import (
     GpuView,
     MetricSpec,
     MultiMetricSpec,
-    dcgm_labels,
+    dcgm_attributes,
     metric_attributes,
 )
 from .store import GpuEntry, LatestStore
@@ -224,7 +223,7 @@ class MetricEncoder:
                 a = e.attributes
                 for vk, v in multi.points(view):
                     ab = attrs_bytes((id(a), f"{multi.key}/{vk}"), a,
-                                     lambda a=a, vk=vk, k=multi.otel_key: {**a, k: vk})  # type: ignore[misc]  # fmt: skip
+                                     lambda a=a, vk=vk, k=multi.otel_keys: {**a, **dict(zip(k, vk, strict=True))})  # type: ignore[misc]  # fmt: skip
                     pts.append(ab + times + _D(v))
         fc = metrics["gpuwarden.failures"] = _Metric(
             self._header("gpuwarden.failures",
@@ -259,9 +258,6 @@ class MetricEncoder:
         attrs_bytes: Callable[[tuple[int, str], object, Callable[[], Mapping[str, AttrValue]]], bytes],
         times: bytes,
     ) -> None:
-        def labels(a: Mapping[str, AttrValue]) -> dict[str, AttrValue]:
-            return {k: v for k, v in zip(DCGM_LABELS, dcgm_labels(a), strict=True) if v}
-
         for spec in DCGM_METRICS:
             m = metrics[spec.name] = _Metric(self._header(spec.name, spec.help, ""), spec.kind)
             for e, view in views:
@@ -269,7 +265,7 @@ class MetricEncoder:
                 if v is None:
                     continue
                 a = e.attributes
-                ab = attrs_bytes((id(a), "dcgm"), a, lambda a=a: labels(a))  # type: ignore[misc]
+                ab = attrs_bytes((id(a), "dcgm"), a, lambda a=a: dcgm_attributes(a))  # type: ignore[misc]
                 m.points.append(ab + times + _D(float(v)))
 
     def _pack(self, metrics: Iterable[_Metric]) -> list[tuple[bytes, int]]:

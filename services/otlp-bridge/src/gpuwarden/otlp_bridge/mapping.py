@@ -42,6 +42,7 @@ __all__ = [
     "HW_STATES",
     "MIB",
     "NODE_STATE_EVENT_NAME",
+    "NVLINK_ERROR_TYPES",
     "OTEL_SHARED_DESCRIPTIONS",
     "PROM_FAILURE_LABELS",
     "PROM_GPU_LABELS",
@@ -52,6 +53,7 @@ __all__ = [
     "LogFields",
     "MetricSpec",
     "MultiMetricSpec",
+    "dcgm_attributes",
     "dcgm_labels",
     "error_counts",
     "error_type_of",
@@ -66,6 +68,9 @@ __all__ = [
     "metric_attributes",
     "node_state_key",
     "node_state_log",
+    "nvlink_active_points",
+    "nvlink_error_points",
+    "nvlink_error_totals",
     "prom_gpu_labels",
     "remediation_log",
     "severity_of",
@@ -176,6 +181,11 @@ def _scale(v: float | None, k: float) -> float | None:
     return None if v is None else v * k
 
 
+def _flag(b: bool | None) -> float | None:
+    """1.0 / 0.0 for True / False; None (not reported) stays None."""
+    return None if b is None else float(b)
+
+
 def _mem_ratio(g: GpuSample) -> float | None:
     if g.memory_used_mib is None or not g.memory_total_mib:
         return None
@@ -223,11 +233,37 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("pcie_link_width", "gpuwarden.gpu.pcie.link.width", "{lane}", "gauge",
                "Current PCIe link width, lanes",
                "gpuwarden_gpu_pcie_link_width_lanes", lambda g: g.pcie_link_width),
+    MetricSpec("pcie_tx", "gpuwarden.gpu.pcie.throughput", "By/s", "gauge",
+               "PCIe throughput by network.io.direction (transmit/receive), bytes per second (KB/s x 1024)",
+               "gpuwarden_gpu_pcie_transmit_bytes_per_second", lambda g: _scale(g.pcie_tx_kbps, 1024.0),
+               {"network.io.direction": "transmit"}),
+    MetricSpec("pcie_rx", "gpuwarden.gpu.pcie.throughput", "By/s", "gauge",
+               "PCIe throughput by network.io.direction (transmit/receive), bytes per second (KB/s x 1024)",
+               "gpuwarden_gpu_pcie_receive_bytes_per_second", lambda g: _scale(g.pcie_rx_kbps, 1024.0),
+               {"network.io.direction": "receive"}),
+    MetricSpec("tensor_activity", "gpuwarden.gpu.tensor.activity", "1", "gauge",
+               "Tensor pipe activity (GPM, Hopper+), ratio 0-1 (% / 100)",
+               "gpuwarden_gpu_tensor_activity_ratio", lambda g: _scale(g.tensor_activity_pct, 0.01)),
+    MetricSpec("sm_occupancy", "gpuwarden.gpu.sm.occupancy", "1", "gauge",
+               "SM occupancy (GPM, Hopper+), ratio 0-1 (% / 100)",
+               "gpuwarden_gpu_sm_occupancy_ratio", lambda g: _scale(g.sm_occupancy_pct, 0.01)),
+    MetricSpec("fan_speed", "gpuwarden.gpu.fan.speed", "1", "gauge",
+               "Fan speed, ratio 0-1 of the maximum (% / 100)",
+               "gpuwarden_gpu_fan_speed_ratio", lambda g: _scale(g.fan_speed_pct, 0.01)),
+    MetricSpec("performance_state", "gpuwarden.gpu.performance_state", "{state}", "gauge",
+               "Performance state N of PN (0 = P0, fastest)",
+               "gpuwarden_gpu_performance_state", lambda g: g.performance_state),
+    MetricSpec("retired_pages_pending", "gpuwarden.gpu.memory.retired_pages.pending", "1", "gauge",
+               "1 when a page retirement waits for a reboot, else 0",
+               "gpuwarden_gpu_retired_pages_pending", lambda g: _flag(g.retired_pages_pending)),
 )  # fmt: skip
 
 
 # Description of an OTel name that several rows share.
-OTEL_SHARED_DESCRIPTIONS = {"hw.temperature": "GPU temperature per sensor (hw.sensor_location gpu or memory), Celsius"}
+OTEL_SHARED_DESCRIPTIONS = {
+    "hw.temperature": "GPU temperature per sensor (hw.sensor_location gpu or memory), Celsius",
+    "gpuwarden.gpu.pcie.throughput": "PCIe throughput by network.io.direction (transmit/receive), bytes per second",
+}
 
 
 def metric_attributes(spec: MetricSpec, base: Mapping[str, AttrValue]) -> dict[str, AttrValue]:
@@ -255,17 +291,64 @@ HW_STATES = ("ok", "degraded", "failed", "predicted_failure")
 @dataclass(frozen=True, slots=True)
 class GpuView:
     """What the multi-point metrics of one GPU read: its latest sample, the XID/SXID counts
-    seen on it (``{"xid_79": 2}``) and the worst severity among its open failures."""
+    seen on it under its current job (``{"xid_79": 2}``), the worst severity among its open
+    failures and the code of the latest XID (event time) under its current job."""
 
     gpu: GpuSample
     event_errors: Mapping[str, int] = field(default_factory=dict)
     worst_open: Severity | None = None
+    last_xid: int | None = None
+
+
+#: NVLink error counters of ``GpuSample.nvlinks`` entries -> their ``error.type``.
+NVLINK_ERROR_TYPES = (
+    ("crc_flit_errors", "crc_flit"),
+    ("crc_data_errors", "crc_data"),
+    ("replay_errors", "replay"),
+    ("recovery_errors", "recovery"),
+)
+
+
+def _links(g: GpuSample) -> list[dict[str, Any]]:
+    """NVLink entries that carry an integer ``link`` number, sorted by it."""
+    return sorted((n for n in g.nvlinks or () if isinstance(n.get("link"), int)), key=lambda n: n["link"])
+
+
+def nvlink_error_totals(g: GpuSample) -> dict[str, int]:
+    """NVLink error counts of a GPU summed over its links, per ``error.type`` (``crc_flit``,
+    ``crc_data``, ``replay``, ``recovery``); a type no link reports is absent. Counts, monotonic."""
+    out: dict[str, int] = {}
+    for n in _links(g):
+        for field_name, etype in NVLINK_ERROR_TYPES:
+            v = n.get(field_name)
+            if v is not None:
+                out[etype] = out.get(etype, 0) + int(v)
+    return out
+
+
+def nvlink_error_points(v: GpuView) -> list[tuple[tuple[AttrValue, ...], float]]:
+    """``gpuwarden.gpu.nvlink.errors`` points: ``((link, error.type), count)`` per link and
+    reported counter (link order, then crc_flit, crc_data, replay, recovery)."""
+    out: list[tuple[tuple[AttrValue, ...], float]] = []
+    for n in _links(v.gpu):
+        for field_name, etype in NVLINK_ERROR_TYPES:
+            c = n.get(field_name)
+            if c is not None:
+                out.append(((n["link"], etype), float(c)))
+    return out
+
+
+def nvlink_active_points(v: GpuView) -> list[tuple[tuple[AttrValue, ...], float]]:
+    """``gpuwarden.gpu.nvlink.active`` points: ``((link,), 1 or 0)`` per link that reports ``active``."""
+    return [((n["link"],), float(bool(n["active"]))) for n in _links(v.gpu) if n.get("active") is not None]
 
 
 def error_counts(v: GpuView) -> list[tuple[str, float]]:
     """``hw.errors`` points of a GPU as ``(error.type, count)``: ``corrected`` / ``uncorrected``
-    (volatile ECC SBE / DBE), ``pcie_replay`` (PCIe replay counter) when the sample has them,
-    then one ``xid_<code>`` / ``sxid_<code>`` per event code seen (sorted). Counts, monotonic."""
+    (volatile ECC SBE / DBE), ``pcie_replay`` (PCIe replay counter), ``nvlink_<type>`` (NVLink
+    errors summed over the links: crc_flit, crc_data, replay, recovery) when the sample has
+    them, then one ``xid_<code>`` / ``sxid_<code>`` per event code seen under the GPU's current
+    job (sorted). Counts, monotonic."""
     g = v.gpu
     out: list[tuple[str, float]] = []
     if g.ecc_sbe_volatile is not None:
@@ -274,6 +357,7 @@ def error_counts(v: GpuView) -> list[tuple[str, float]]:
         out.append(("uncorrected", g.ecc_dbe_volatile))
     if g.pcie_replay_count is not None:
         out.append(("pcie_replay", g.pcie_replay_count))
+    out.extend((f"nvlink_{t}", float(n)) for t, n in nvlink_error_totals(g).items())
     out.extend(sorted(v.event_errors.items()))
     return out
 
@@ -299,11 +383,36 @@ def _throttle_points(v: GpuView) -> list[tuple[str, float]]:
     return [(r, 1) for r in sorted(set(v.gpu.throttle_reasons))]
 
 
+def _pairs(
+    *pairs: tuple[str, Callable[[GpuSample], int | None]],
+) -> Callable[[GpuView], list[tuple[str, float]]]:
+    def points(v: GpuView) -> list[tuple[str, float]]:
+        return [(k, float(x)) for k, f in pairs if (x := f(v.gpu)) is not None]
+
+    return points
+
+
+def _one(
+    points: Callable[[GpuView], list[tuple[str, float]]],
+) -> Callable[[GpuView], list[tuple[tuple[AttrValue, ...], float]]]:
+    def wrapped(v: GpuView) -> list[tuple[tuple[AttrValue, ...], float]]:
+        return [((k,), x) for k, x in points(v)]
+
+    return wrapped
+
+
+ecc_lifetime_counts = _pairs(("corrected", lambda g: g.ecc_sbe_aggregate),
+                             ("uncorrected", lambda g: g.ecc_dbe_aggregate))  # fmt: skip
+retired_page_counts = _pairs(("multiple_sbe", lambda g: g.retired_pages_sbe), ("dbe", lambda g: g.retired_pages_dbe))
+remapped_row_counts = _pairs(("correctable", lambda g: g.remapped_rows_correctable),
+                             ("uncorrectable", lambda g: g.remapped_rows_uncorrectable))  # fmt: skip
+
+
 @dataclass(frozen=True)
 class MultiMetricSpec:
-    """A GPU metric with several points per GPU, told apart by one extra attribute
-    (``otel_key`` on OTLP, ``prom_label`` on Prometheus). ``points`` gives
-    ``(attribute value, value)`` pairs of one GPU."""
+    """A GPU metric with several points per GPU, told apart by extra attributes
+    (``otel_keys`` on OTLP, ``prom_labels`` on Prometheus, same order). ``points`` gives
+    ``(attribute values, value)`` pairs of one GPU."""
 
     key: str
     otel_name: str
@@ -311,9 +420,9 @@ class MultiMetricSpec:
     otel_kind: Literal["gauge", "updown", "counter"]
     description: str
     prom_name: str
-    otel_key: str
-    prom_label: str
-    points: Callable[[GpuView], list[tuple[str, float]]]
+    otel_keys: tuple[str, ...]
+    prom_labels: tuple[str, ...]
+    points: Callable[[GpuView], list[tuple[tuple[AttrValue, ...], float]]]
 
     @property
     def prom_type(self) -> Literal["gauge", "counter"]:
@@ -322,14 +431,35 @@ class MultiMetricSpec:
 
 GPU_MULTI_METRICS: tuple[MultiMetricSpec, ...] = (
     MultiMetricSpec("errors", "hw.errors", "{error}", "counter",
-                    "GPU errors by error.type: corrected/uncorrected (volatile ECC), pcie_replay, xid_<code>",
-                    "gpuwarden_gpu_errors_total", "error.type", "error_type", error_counts),
+                    "GPU errors by error.type: corrected/uncorrected (volatile ECC), pcie_replay, "
+                    "nvlink_<type> (summed over links), xid_<code>",
+                    "gpuwarden_gpu_errors_total", ("error.type",), ("error_type",), _one(error_counts)),
     MultiMetricSpec("status", "hw.status", "1", "updown",
                     "GPU status: 1 for the current hw.state, 0 for the others",
-                    "gpuwarden_gpu_status", "hw.state", "state", _status_points),
+                    "gpuwarden_gpu_status", ("hw.state",), ("state",), _one(_status_points)),
     MultiMetricSpec("throttle", "gpuwarden.gpu.throttle.active", "1", "gauge",
                     "Active clock throttle (clock event) reasons: 1 per active reason",
-                    "gpuwarden_gpu_throttle_active", "gpuwarden.throttle.reason", "reason", _throttle_points),
+                    "gpuwarden_gpu_throttle_active", ("gpuwarden.throttle.reason",), ("reason",),
+                    _one(_throttle_points)),
+    MultiMetricSpec("nvlink_errors", "gpuwarden.gpu.nvlink.errors", "{error}", "counter",
+                    "NVLink errors per link by error.type (crc_flit, crc_data, replay, recovery), count",
+                    "gpuwarden_gpu_nvlink_errors_total", ("gpuwarden.nvlink.link", "error.type"),
+                    ("link", "error_type"), nvlink_error_points),
+    MultiMetricSpec("nvlink_active", "gpuwarden.gpu.nvlink.active", "1", "gauge",
+                    "1 when the NVLink is active, else 0, per link",
+                    "gpuwarden_gpu_nvlink_active", ("gpuwarden.nvlink.link",), ("link",), nvlink_active_points),
+    MultiMetricSpec("ecc_lifetime", "gpuwarden.gpu.memory.ecc.errors.lifetime", "{error}", "counter",
+                    "ECC errors over the GPU's lifetime (aggregate) by error.type corrected/uncorrected, count",
+                    "gpuwarden_gpu_ecc_errors_lifetime_total", ("error.type",), ("error_type",),
+                    _one(ecc_lifetime_counts)),
+    MultiMetricSpec("retired_pages", "gpuwarden.gpu.memory.retired_pages", "{page}", "updown",
+                    "Retired framebuffer pages by gpuwarden.retirement.cause (multiple_sbe, dbe), count",
+                    "gpuwarden_gpu_retired_pages", ("gpuwarden.retirement.cause",), ("cause",),
+                    _one(retired_page_counts)),
+    MultiMetricSpec("remapped_rows", "gpuwarden.gpu.memory.remapped_rows", "{row}", "updown",
+                    "Remapped memory rows by gpuwarden.remap.cause (correctable, uncorrectable), count",
+                    "gpuwarden_gpu_remapped_rows", ("gpuwarden.remap.cause",), ("cause",),
+                    _one(remapped_row_counts)),
 )  # fmt: skip
 
 
@@ -348,7 +478,8 @@ DATA_POINT_ATTRIBUTE_KEYS = frozenset(
     {
         "host.name", "hw.id", "hw.type", "hw.name", "hw.model", "hw.driver_version", "hw.parent",
         "hw.sensor_location", "hw.gpu.task", "gpu.index", "gpu.uuid", "gpu.pci_bus_id",
-        "error.type", "hw.state", "gpuwarden.throttle.reason",
+        "error.type", "hw.state", "gpuwarden.throttle.reason", "network.io.direction",
+        "gpuwarden.nvlink.link", "gpuwarden.retirement.cause", "gpuwarden.remap.cause",
         "slurm.job.id", "slurm.user", "slurm.partition", "slurm.account",
         "gpuwarden.failure.pattern", "gpuwarden.failure.severity", "gpuwarden.failure.category",
     }
@@ -567,6 +698,12 @@ def dcgm_labels(attrs: Mapping[str, AttrValue]) -> tuple[str, ...]:
     return tuple(str(attrs.get(k, "")) for k in keys)
 
 
+def dcgm_attributes(attrs: Mapping[str, AttrValue]) -> dict[str, AttrValue]:
+    """dcgm-exporter labels of a GPU as OTLP data-point attributes: :func:`dcgm_labels`
+    without the empty ones (an attribute is left out, never empty)."""
+    return {k: v for k, v in zip(DCGM_LABELS, dcgm_labels(attrs), strict=True) if v}
+
+
 @dataclass(frozen=True)
 class DcgmSpec:
     """One dcgm-exporter field: name, kind, help and the value in dcgm-exporter's unit."""
@@ -582,10 +719,6 @@ def _fb_free(v: GpuView) -> float | None:
     if g.memory_used_mib is None or g.memory_total_mib is None:
         return None
     return max(g.memory_total_mib - g.memory_used_mib, 0.0)
-
-
-def _flag(b: bool | None) -> float | None:
-    return None if b is None else float(b)
 
 
 DCGM_METRICS: tuple[DcgmSpec, ...] = (
@@ -616,4 +749,43 @@ DCGM_METRICS: tuple[DcgmSpec, ...] = (
              lambda v: _flag(v.gpu.remapped_rows_failure)),
     DcgmSpec("DCGM_FI_DEV_ROW_REMAP_PENDING", "gauge", "Whether a row remap is pending a GPU reset",
              lambda v: _flag(v.gpu.remapped_rows_pending)),
+    DcgmSpec("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter", "Number of remapped rows for correctable errors",
+             lambda v: v.gpu.remapped_rows_correctable),
+    DcgmSpec("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter",
+             "Number of remapped rows for uncorrectable errors", lambda v: v.gpu.remapped_rows_uncorrectable),
+    DcgmSpec("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "counter", "Total number of single-bit persistent ECC errors.",
+             lambda v: v.gpu.ecc_sbe_aggregate),
+    DcgmSpec("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "counter", "Total number of double-bit persistent ECC errors.",
+             lambda v: v.gpu.ecc_dbe_aggregate),
+    DcgmSpec("DCGM_FI_DEV_RETIRED_SBE", "counter", "Total number of retired pages due to single-bit errors.",
+             lambda v: v.gpu.retired_pages_sbe),
+    DcgmSpec("DCGM_FI_DEV_RETIRED_DBE", "counter", "Total number of retired pages due to double-bit errors.",
+             lambda v: v.gpu.retired_pages_dbe),
+    DcgmSpec("DCGM_FI_DEV_RETIRED_PENDING", "gauge", "Whether a page retirement is pending (0/1).",
+             lambda v: _flag(v.gpu.retired_pages_pending)),
+    DcgmSpec("DCGM_FI_DEV_FAN_SPEED", "gauge", "Fan speed (in %).", lambda v: v.gpu.fan_speed_pct),
+    DcgmSpec("DCGM_FI_DEV_PSTATE", "gauge", "Performance state (0 = P0).", lambda v: v.gpu.performance_state),
+    DcgmSpec("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge", "The rate of data transmitted over the PCIe bus (in B/s).",
+             lambda v: _scale(v.gpu.pcie_tx_kbps, 1024.0)),
+    DcgmSpec("DCGM_FI_PROF_PCIE_RX_BYTES", "gauge", "The rate of data received over the PCIe bus (in B/s).",
+             lambda v: _scale(v.gpu.pcie_rx_kbps, 1024.0)),
+    DcgmSpec("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active.",
+             lambda v: _scale(v.gpu.tensor_activity_pct, 0.01)),
+    DcgmSpec("DCGM_FI_PROF_SM_OCCUPANCY", "gauge", "The ratio of number of warps resident on an SM.",
+             lambda v: _scale(v.gpu.sm_occupancy_pct, 0.01)),
+    DcgmSpec("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "counter",
+             "Total number of NVLink flow-control CRC errors.", lambda v: _nvl(v, "crc_flit")),
+    DcgmSpec("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "counter",
+             "Total number of NVLink data CRC errors.", lambda v: _nvl(v, "crc_data")),
+    DcgmSpec("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink retries.",
+             lambda v: _nvl(v, "replay")),
+    DcgmSpec("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "counter",
+             "Total number of NVLink recovery errors.", lambda v: _nvl(v, "recovery")),
+    DcgmSpec("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.",
+             lambda v: None if v.last_xid is None else float(v.last_xid)),
 )  # fmt: skip
+
+
+def _nvl(v: GpuView, etype: str) -> float | None:
+    n = nvlink_error_totals(v.gpu).get(etype)
+    return None if n is None else float(n)

@@ -45,6 +45,7 @@ _STATS = (
     ("gpuwarden_otlp_export_retries", "export_retries"),
     ("gpuwarden_otlp_log_records_exported", "logs_exported"),
     ("gpuwarden_otlp_log_records_dropped", "logs_dropped"),
+    ("gpuwarden_otlp_log_records_queue_full", "logs_queue_full"),
     ("gpuwarden_gpus_refused", "gpus_refused"),
 )
 _STATS_HELP = (
@@ -53,13 +54,14 @@ _STATS_HELP = (
     ("export_retries", "OTLP metric requests retried after a retryable error"),
     ("logs_exported", "OTLP log records exported"),
     ("logs_dropped", "OTLP log records whose export failed (after the exporter's own retries)"),
+    ("logs_queue_full", "OTLP log records dropped because the export queue was full (receiver slow or down)"),
     ("gpus_refused", "GPU samples/events refused because the store holds max_gpus GPUs (memory bound)"),
 )
 FAILURE_COUNT_LABELS = ("pattern", "severity", "node")
 
 
 def _family(spec: MetricSpec | MultiMetricSpec) -> CounterMetricFamily | GaugeMetricFamily:
-    labels = PROM_GPU_LABELS + ((spec.prom_label,) if isinstance(spec, MultiMetricSpec) else ())
+    labels = PROM_GPU_LABELS + (spec.prom_labels if isinstance(spec, MultiMetricSpec) else ())
     if spec.prom_type == "counter":
         return CounterMetricFamily(spec.prom_name.removesuffix("_total"), spec.description, labels=labels)
     return GaugeMetricFamily(spec.prom_name, spec.description, labels=labels)
@@ -122,8 +124,8 @@ class BridgeCollector(Collector):
         for multi in GPU_MULTI_METRICS if self.naming == "otel" else ():
             fam = _family(multi)
             for e, view in views:
-                for key, v in multi.points(view):
-                    fam.add_metric((*e.labels, key), v)
+                for keys, v in multi.points(view):
+                    fam.add_metric((*e.labels, *(str(k) for k in keys)), v)
             yield fam
         over = GaugeMetricFamily(
             PROM_SERIES_OVER_LIMIT,

@@ -73,6 +73,7 @@ class OtlpBridgeService(Service):
             retry_s=settings.otlp_bridge_retry_s,
             max_request_bytes=settings.otlp_bridge_max_request_bytes,
             naming=settings.otlp_bridge_naming,
+            log_queue_size=settings.otlp_bridge_log_queue_size,
         )
         self.metrics.registry.register(self.bridge.collector)
 

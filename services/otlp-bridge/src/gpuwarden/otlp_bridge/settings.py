@@ -83,6 +83,12 @@ class OtlpBridgeSettings(ServiceSettings):
         description="OTel SDK attribute sets per instrument (SDK default 2000 folds the rest into overflow)",
     )  # fmt: skip
 
+    otlp_bridge_log_queue_size: int = Field(
+        2048, ge=1,
+        description="Log records queued for OTLP export at most (batch processor); beyond it records are "
+        "dropped and counted (gpuwarden_otlp_log_records_queue_full_total)",
+    )  # fmt: skip
+
     otlp_bridge_metrics_path: Literal["direct", "sdk"] = Field(
         "direct",
         description="OTLP metric export: direct (the store encoded straight to OTLP protobuf, ~10x cheaper) "

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from gpuwarden.shared.models import (
     AttributedEvent,
     AttributedSample,
+    EventKind,
     Failure,
     FailureState,
     GpuAttribution,
@@ -45,6 +46,24 @@ from .mapping import (
 )
 
 __all__ = ["GpuEntry", "LatestStore", "OpenFailureGroup"]
+
+_MAX_JOBS_PER_GPU = 4
+
+
+def _job_id(job: GpuAttribution | None) -> str | None:
+    return None if job is None else job.job_id
+
+
+class _JobEvents:
+    """XID/SXID counts of one GPU under one job, and its latest XID (event time, code)."""
+
+    __slots__ = ("counts", "last_xid", "last_xid_ts")
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.last_xid: int | None = None
+        self.last_xid_ts = float("-inf")
+
 
 _SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2, Severity.FATAL: 3}
 
@@ -80,6 +99,12 @@ class LatestStore:
     and counted in ``gpus_refused``), ``max_nodes`` node states, ``seen_failures_max``
     failure ids and ``seen_events_max`` event ids (LRU). Event counts of a GPU are dropped
     with the GPU when it goes stale.
+
+    XID/SXID counts are kept per (GPU, job of the event): a GPU's ``hw.errors`` XID series
+    carries the count of its *current* job only. When a sample shows the GPU under another
+    job, the counts of every other job are forgotten: the old job's series ends and the new
+    job's starts at its own first event (a job's count never continues under the next job's
+    attributes). The same holds for the last XID code (dcgm ``DCGM_FI_DEV_XID_ERRORS``).
     """
 
     def __init__(
@@ -97,7 +122,8 @@ class LatestStore:
         self.max_nodes = max_nodes
         self._seen_events_max = seen_events_max
         self._seen_events: OrderedDict[str, None] = OrderedDict()
-        self._event_errors: dict[tuple[str, int], dict[str, int]] = {}
+        # (node, gpu index) -> job id (None: no job) -> counts of the GPU's events under that job
+        self._event_errors: dict[tuple[str, int], dict[str | None, _JobEvents]] = {}
         self._node_states: OrderedDict[str, tuple[float, tuple[str, tuple[str, ...], str | None]]] = OrderedDict()
         self.gpus_refused = 0
         self.nodes_forgotten = 0
@@ -137,6 +163,8 @@ class LatestStore:
                     self.gpus_refused += 1
                     continue
                 job = jobs.get(g.index)
+                if old is not None and _job_id(old.job) != _job_id(job):
+                    self._end_job_events(key, _job_id(job))
                 attrs = gpu_attributes(sample.node, g, job, sample.driver_version)
                 labels = prom_gpu_labels(sample.node, g, job)
                 if old is not None and old.labels == labels and old.attributes == attrs:
@@ -144,6 +172,17 @@ class LatestStore:
                 self._gpus[key] = GpuEntry(sample.node, g.index, sample.ts, g, job, attrs, labels)
                 stored += 1
         return stored
+
+    def _end_job_events(self, key: tuple[str, int], current: str | None) -> None:
+        """The GPU's job changed: forget its event counts under every other job, so the old
+        job's ``hw.errors`` XID series ends and the new job's starts from its own events."""
+        by_job = self._event_errors.get(key)
+        if by_job is None:
+            return
+        for job_id in [j for j in by_job if j != current]:
+            del by_job[job_id]
+        if not by_job:
+            del self._event_errors[key]
 
     def update_failure(self, f: Failure) -> bool:
         """Track ``f`` (open until a ``resolved`` message); count it if its id is new.
@@ -197,8 +236,16 @@ class LatestStore:
             if key not in self._event_errors and len(self._event_errors) >= self.max_gpus:
                 self.gpus_refused += 1
                 return True, None
-            counts = self._event_errors.setdefault(key, {})
-            counts[etype] = counts.get(etype, 0) + 1
+            by_job = self._event_errors.setdefault(key, {})
+            job_id = _job_id(e.job)
+            je = by_job.get(job_id)
+            if je is None:
+                je = by_job[job_id] = _JobEvents()
+                if len(by_job) > _MAX_JOBS_PER_GPU:  # late events of long-gone jobs: keep memory bounded
+                    del by_job[next(iter(by_job))]
+            je.counts[etype] = je.counts.get(etype, 0) + 1
+            if ev.kind == EventKind.XID and ev.code is not None and ev.ts >= je.last_xid_ts:
+                je.last_xid_ts, je.last_xid = ev.ts, ev.code
             return True, etype
 
     def update_node_state(self, ns: NodeState) -> bool:
@@ -247,7 +294,11 @@ class LatestStore:
         with self._lock:
             self._prune_locked()
             entries = list(self._gpus.values())
-            errors = {k: dict(v) for k, v in self._event_errors.items()}
+            events: dict[tuple[str, int], tuple[dict[str, int], int | None]] = {}
+            for e in entries:
+                je = self._event_errors.get((e.node, e.index), {}).get(_job_id(e.job))
+                if je is not None:
+                    events[(e.node, e.index)] = (dict(je.counts), je.last_xid)
             worst: dict[tuple[str, int], Severity] = {}
             for f in self._open.values():
                 if f.gpu_index is None:
@@ -255,11 +306,12 @@ class LatestStore:
                 k = (f.node, f.gpu_index)
                 if k not in worst or _SEVERITY_RANK[f.severity] > _SEVERITY_RANK[worst[k]]:
                     worst[k] = f.severity
-        empty: dict[str, int] = {}
+        empty: tuple[dict[str, int], int | None] = ({}, None)
         out = []
         for e in entries:
             k = (e.node, e.index)
-            out.append((e, GpuView(e.gpu, errors.get(k, empty), worst.get(k))))
+            counts, last_xid = events.get(k, empty)
+            out.append((e, GpuView(e.gpu, counts, worst.get(k), last_xid)))
         return out
 
     def open_failures(self) -> list[OpenFailureGroup]:

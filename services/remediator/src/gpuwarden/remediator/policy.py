@@ -89,8 +89,8 @@ class DrainRecord:
 class History:
     """What the policy remembers: handled failure ids, drains (node, time) taken or — in
     dry-run — that would have been taken, the breaker latch, gpuwarden's drains still in
-    place with their failures, recently seen open failures (for confirmation) and the last
-    passed health check per node."""
+    place with their failures, recently seen open failures (for confirmation) and the times
+    of the last passed and the last failed health check per node."""
 
     handled: set[str] = field(default_factory=set)
     drains: list[tuple[str, float]] = field(default_factory=list)
@@ -98,6 +98,18 @@ class History:
     drained: dict[str, DrainRecord] = field(default_factory=dict)
     seen: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
     health_pass: dict[str, float] = field(default_factory=dict)
+    health_fail: dict[str, float] = field(default_factory=dict)
+
+    def note_health(self, node: str, ts: float, passed: bool) -> None:
+        """Remember a health check result (the latest pass and the latest failure per node)."""
+        table = self.health_pass if passed else self.health_fail
+        table[node] = max(ts, table.get(node, 0.0))
+
+    def health_ok_since(self, node: str, since: float) -> bool:
+        """A health check passed at or after ``since`` and none failed at or after that pass
+        (a failed check of the same run, same time, counts against it)."""
+        passed = self.health_pass.get(node)
+        return passed is not None and passed >= since and self.health_fail.get(node, float("-inf")) < passed
 
     def record_drain(self, node: str, ts: float) -> None:
         """Count a drain (for the window breaker and the per-node cap); forget those older than 7 days."""
@@ -129,6 +141,7 @@ class History:
                 for n, r in self.drained.items()
             },
             "health_pass": self.health_pass,
+            "health_fail": self.health_fail,
         }
 
     @classmethod
@@ -148,6 +161,7 @@ class History:
                 for n, r in d.get("drained", {}).items()
             },
             health_pass={str(k): float(v) for k, v in d.get("health_pass", {}).items()},
+            health_fail={str(k): float(v) for k, v in d.get("health_fail", {}).items()},
         )
 
 
@@ -367,7 +381,7 @@ def decide_resume(
     """May gpuwarden resume this node now? Only a drain it made itself (``record``), whose
     reason on the node is still exactly the one it set, once every failure behind it has
     resolved, ``hold_down_s`` has passed since the last resolution and (if required) a health
-    check passed after it."""
+    check passed after it, with no failed check since that pass."""
     if record is None:
         return ResumeDecision("refuse", "not-ours", "gpuwarden did not drain this node; never resuming it")
     if node is None:
@@ -386,8 +400,10 @@ def decide_resume(
     due = record.last_resolved() + policy.hold_down_s
     if now < due:
         return ResumeDecision("wait", "hold-down", f"hold-down until {due:.0f} ({due - now:.0f}s left)")
-    if policy.require_health_check and history.health_pass.get(node.node, 0.0) < record.last_resolved():
-        return ResumeDecision("wait", "health-check", "no passed health check since the last failure resolved")
+    if policy.require_health_check and not history.health_ok_since(node.node, record.last_resolved()):
+        return ResumeDecision(
+            "wait", "health-check", "no passed health check (and none failed after it) since the last failure resolved"
+        )
     return ResumeDecision(
         "resume",
         "all-resolved",

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -23,7 +24,7 @@ from aiohttp import web
 from aiokafka import ConsumerRecord
 from pydantic import BaseModel, Field, SecretStr
 
-from gpuwarden.shared.bus import Producer
+from gpuwarden.shared.bus import Consumer, Producer
 from gpuwarden.shared.models import (
     Action,
     Failure,
@@ -228,7 +229,8 @@ class Remediator(Service):
             lease = (
                 KafkaLease(
                     settings.bootstrap_servers,
-                    settings.topic(f"remediator.lease.{settings.remediator_cluster}"),
+                    # not a registered data topic (no schema): named here, created by the lease
+                    f"{settings.topic_prefix}remediator.lease.{settings.remediator_cluster}",
                     f"{settings.consumer_group or 'gpuwarden-remediator'}-lease",
                 )
                 if settings.remediator_lease == "kafka"
@@ -238,16 +240,71 @@ class Remediator(Service):
         self.ledger = Ledger(settings.remediator_ledger_file) if settings.remediator_ledger_file else None
         self._reset_seen = 0.0
         self._lock = asyncio.Lock()
+        self.failures_consumer: Consumer | None = None
+        """The ``failures`` consumer while this replica holds a (non-trivial) lease."""
         self.http.extra_routes.append(web.post("/breaker/reset", self._reset_view))
         self.http.extra_routes.append(web.get("/status", self._status_view))
 
     # -- lifecycle -----------------------------------------------------------------
     async def on_start(self) -> None:
-        """Load the ledger, learn the nodes, take part in the lease, start consuming."""
+        """Load the ledger, learn the nodes, take part in the lease, start consuming.
+
+        Without a lease (:class:`NoLease`) one consumer reads ``failures``, ``slurm.nodes`` and
+        ``health`` in the service's group. With a lease, ``failures`` are consumed **only while
+        this replica holds the lease** (in the service's group, so the active replica gets every
+        partition and a new holder resumes from the committed offsets: failures that arrive
+        during a hand-over wait for it instead of being skipped by a standby), and every replica
+        reads ``slurm.nodes`` and ``health`` completely, in a group of its own, so a replica that
+        takes over already knows the nodes and the passed health checks."""
         await self.seed()
         await self.lease.start()
-        self.consume(["failures", "slurm.nodes", "health"], self._on_message)
+        if isinstance(self.lease, NoLease):
+            self.consume(["failures", "slurm.nodes", "health"], self._on_message)
+        else:
+            group = self.settings.consumer_group or f"gpuwarden-{self.name}"
+            self.consume(["slurm.nodes", "health"], self._on_message, group=f"{group}-state-{uuid.uuid4().hex[:12]}")
+            self.spawn(self._follow_lease(group), "lease")
         self.spawn(self._periodic(), "resume")
+
+    async def _follow_lease(self, group: str, check_s: float = 0.5) -> None:
+        """Consume ``failures`` while the lease is held: join the group when it is acquired,
+        leave it (committing what was handled) when it is lost or the service stops."""
+        consumer: Consumer | None = None
+        task: asyncio.Task[Any] | None = None
+        try:
+            while True:
+                held = self.lease.held()
+                if held and consumer is None:
+                    consumer = Consumer(
+                        self.settings,
+                        self.name,
+                        ["failures"],
+                        group,
+                        self._on_message,
+                        self.producer,
+                        self.metrics,
+                        self.settings.auto_offset_reset,
+                    )
+                    await consumer.start()
+                    self.failures_consumer = consumer
+                    task = self.spawn(consumer.run(), "consume:failures")
+                    log.warning("lease held: consuming failures")
+                elif not held and consumer is not None:
+                    await self._stop_failures(consumer, task)
+                    consumer, task, self.failures_consumer = None, None, None
+                    log.warning("lease lost: stopped consuming failures")
+                await asyncio.sleep(check_s)
+        finally:
+            if consumer is not None:
+                await self._stop_failures(consumer, task)
+                self.failures_consumer = None
+
+    @staticmethod
+    async def _stop_failures(consumer: Consumer, task: asyncio.Task[Any] | None) -> None:
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        await consumer.stop()
 
     async def on_stop(self) -> None:
         """Leave the lease."""
@@ -291,8 +348,12 @@ class Remediator(Service):
             await self.handle_failure(value)
         elif isinstance(value, NodeState):
             self.nodes[value.node] = value
-        elif isinstance(value, HealthCheckResult) and value.passed:
-            self.history.health_pass[value.node] = max(value.ts, self.history.health_pass.get(value.node, 0.0))
+        elif isinstance(value, HealthCheckResult):
+            self.note_health(value)
+
+    def note_health(self, result: HealthCheckResult) -> None:
+        """Remember a health check result of the ``health`` topic (for ``require_health_check``)."""
+        self.history.note_health(result.node, result.ts, result.passed)
 
     # -- failures -> decisions ------------------------------------------------------
     async def handle_failure(self, f: Failure) -> Remediation:

@@ -15,8 +15,18 @@ _IGNORE = {"ts", "snapshot"}
 
 
 def _same(a: JobState | NodeState, b: JobState | NodeState) -> bool:
+    """Equal in every field but ``ts``/``snapshot`` (one C-level dict comparison; values
+    shared between polls by the caching parsers compare by identity first)."""
     da, db = a.__dict__, b.__dict__  # field values (plain data: str, float, list, dict)
-    return da.keys() == db.keys() and all(da[k] == db[k] for k in da if k not in _IGNORE)
+    if type(a) is not type(b):
+        return False
+    if all(da.get(k) == db.get(k) for k in _IGNORE):
+        return da == db
+    db = dict(db)
+    for k in _IGNORE:
+        if k in da:
+            db[k] = da[k]
+    return da == db
 
 
 def diff_jobs(

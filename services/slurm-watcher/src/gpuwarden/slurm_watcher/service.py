@@ -21,6 +21,7 @@ from gpuwarden.shared.slurm import (
     TERMINAL_JOB_STATES,
     SlurmAccounting,
     SlurmClient,
+    SlurmEndedJobs,
     SlurmError,
     build_client,
 )
@@ -71,6 +72,12 @@ class SlurmWatcherSettings(ServiceSettings):
     slurm_watcher_gone_grace_polls: int = Field(
         5, ge=1, description="Polls a vanished job waits for sacct to confirm its end before ENDED is published"
     )
+    slurm_watcher_takeover_lookback_s: float = Field(
+        900.0,
+        ge=0,
+        description="On taking the lease: publish the ends sacct has since this long ago (or since this "
+        "instance's own last poll, if later) of jobs no longer in squeue; 0 = off, s",
+    )
 
 
 def make_client(s: SlurmWatcherSettings) -> tuple[SlurmClient, Callable[[], float]]:
@@ -101,6 +108,9 @@ class SlurmWatcher(Service):
         now: clock of observations, epoch s (default: the client's).
         accounting: where end states are confirmed (default: the client when it has
             ``accounting()``, e.g. :class:`CliSlurm`; ``None`` = no confirmation).
+        ended: where ends missed while no watcher held the lease are found (default: the
+            client when it has ``ended_since()``, e.g. :class:`CliSlurm`; ``None`` = none).
+        lease: the single-publisher lease (default: from settings).
 
     Robustness: a failed ``jobs()`` keeps the last good job table (nothing is published as
     ended); a job that leaves squeue is published ended only once sacct confirms it, or after
@@ -108,6 +118,11 @@ class SlurmWatcher(Service):
     period doubles up to ``max_backoff_s``. The watcher's own status (``ok``, ``degraded``:
     one of jobs/nodes/accounting failing, ``unreachable``: jobs and nodes failing) is in
     ``/healthz`` and the gauge ``gpuwarden_slurm_watcher_status`` (1 ok, 0.5 degraded, 0 unreachable).
+
+    Takeover: whenever this instance acquires the lease (first poll included), the jobs that
+    ended since ``max(own last poll, now - takeover_lookback_s)`` according to accounting and
+    are no longer in squeue are published once (sacct's state and times, ``confirmed=True``,
+    no GPU indices: accounting has none); a failing sacct is retried on the next polls.
     """
 
     name = "slurm-watcher"
@@ -120,6 +135,7 @@ class SlurmWatcher(Service):
         now: Callable[[], float] | None = None,
         accounting: SlurmAccounting | None = None,
         lease: Lease | None = None,
+        ended: SlurmEndedJobs | None = None,
     ) -> None:
         super().__init__(settings, producer)
         self.settings: SlurmWatcherSettings = settings
@@ -130,6 +146,12 @@ class SlurmWatcher(Service):
         self.accounting: SlurmAccounting | None = accounting or (
             client if callable(getattr(client, "accounting", None)) else None  # type: ignore[assignment]
         )
+        self.ended: SlurmEndedJobs | None = ended or (
+            client if callable(getattr(client, "ended_since", None)) else None  # type: ignore[assignment]
+        )
+        self._recover_since: float | None = None
+        self.recovered = 0
+        """Ends published by takeover recovery (since start)."""
         self.now = now or time.time
         self._misses: dict[str, int] = {}
         self.lease: Lease = lease or self._default_lease(settings, producer is None)
@@ -197,8 +219,12 @@ class SlurmWatcher(Service):
             self.status = "standby"
             self._held_before = False
             return 0
+        now = self.now()
         if not self._held_before:
             self._held_before = True
+            lookback = self.settings.slurm_watcher_takeover_lookback_s
+            if self.ended is not None and lookback > 0:
+                self._recover_since = max(self.last_poll_ts or 0.0, now - lookback)
             if self.polls:  # taking over: rebuild from scratch, publish everything
                 self._jobs, self._nodes, self._misses = {}, {}, {}
                 force_snapshot = True
@@ -208,7 +234,6 @@ class SlurmWatcher(Service):
             or self._last_snapshot is None
             or (mono - self._last_snapshot >= self.settings.slurm_watcher_snapshot_s)
         )
-        now = self.now()
         jobs_r, nodes_r = await asyncio.gather(self.client.jobs(), self.client.nodes(), return_exceptions=True)
         sent = 0
         ok = True
@@ -243,6 +268,13 @@ class SlurmWatcher(Service):
             for j in out:
                 await self.publish("slurm.jobs", j.job_id, j)
             sent += len(out)
+            if self._recover_since is not None:
+                in_squeue = {j.job_id for j in jobs_r} | {j.job_id for j in out}
+                n_recovered = await self._recover_ends(self._recover_since, in_squeue, now)
+                if n_recovered is None:
+                    failures += 1
+                else:
+                    sent += n_recovered
         if isinstance(nodes_r, BaseException):
             ok = self._failed("nodes", nodes_r)
             failures += 2
@@ -262,6 +294,29 @@ class SlurmWatcher(Service):
         self.status = "ok" if not failures else ("unreachable" if failures >= 4 else "degraded")
         self._status_gauge.set({"ok": 1.0, "degraded": 0.5}.get(self.status, 0.0))
         return sent
+
+    async def _recover_ends(self, since: float, in_squeue: set[str], now: float) -> int | None:
+        """Publish the ends accounting has since ``since`` of jobs not in ``in_squeue`` (missed
+        while no watcher held the lease). Returns how many, or ``None`` if accounting failed
+        (then it is tried again on the next poll)."""
+        assert self.ended is not None
+        try:
+            records = await self.ended.ended_since(since)
+        except (SlurmError, ValueError, OSError) as exc:
+            self._failed("accounting (takeover recovery)", exc)
+            return None
+        self._recover_since = None
+        out = [
+            r.model_copy(update={"ts": now, "snapshot": False, "confirmed": True})
+            for r in records
+            if r.job_id not in in_squeue
+        ]
+        for r in out:
+            await self.publish("slurm.jobs", r.job_id, r)
+        self.recovered += len(out)
+        if out:
+            log.info("takeover: published %d job ends since %.0f from accounting", len(out), since)
+        return len(out)
 
     def _failed(self, what: str, exc: BaseException) -> bool:
         if not isinstance(exc, SlurmError | ValueError | OSError):

@@ -1,0 +1,96 @@
+"""Two remediators with GPUWARDEN_REMEDIATOR_LEASE=kafka on a real broker: one acts, the other
+takes over when it stops, one drain in total (FakeSlurm shared by both, not a real Slurm)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from kafkatools import read
+
+from gpuwarden.remediator import Remediator, RemediatorSettings
+from gpuwarden.shared.models import Action, Category, CostEstimate, Failure, NodeState, Remediation, Severity
+from gpuwarden.shared.slurm.simulated import FakeSlurm
+
+pytestmark = pytest.mark.integration
+
+
+def failure(fid: str = "f-lease-1") -> Failure:
+    return Failure(
+        failure_id=fid,
+        pattern="gpu-fallen-off-bus",
+        rule_id="xid-79-fallen-off-bus",
+        category=Category.HARDWARE,
+        severity=Severity.FATAL,
+        node="gpu-node-002",
+        gpu_index=1,
+        first_seen=10.0,
+        last_seen=10.0,
+        verdict="GPU 1 fell off the bus",
+        recommended_action=Action.DRAIN,
+        cost=CostEstimate(affected_gpus=8, usd_per_hour=26.08, gpu_hours_lost=0),
+    )
+
+
+async def _until(pred, timeout_s: float = 30.0) -> bool:  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if pred():
+            return True
+        await asyncio.sleep(0.1)
+    return bool(pred())
+
+
+def _consuming(r: Remediator) -> bool:
+    return r.lease.held() and r.failures_consumer is not None and r.failures_consumer.assigned.is_set()
+
+
+async def test_kafka_lease_one_active_standby_takes_over_one_drain(bus_env: dict[str, str]) -> None:
+    bs, prefix = bus_env["GPUWARDEN_BOOTSTRAP_SERVERS"], bus_env["GPUWARDEN_TOPIC_PREFIX"]
+    fake = FakeSlurm(nodes=[NodeState(node=f"gpu-node-{i:03d}", ts=1.0, state="IDLE") for i in range(1, 5)])
+    settings = RemediatorSettings(
+        remediator_enforce=True,
+        remediator_lease="kafka",
+        remediator_cluster="it",
+        consumer_group=f"{prefix}remediator",
+        remediator_resume_interval_s=3600,
+    )
+    a = Remediator(settings, client=fake)
+    b = Remediator(settings, client=fake)
+    p = AIOKafkaProducer(bootstrap_servers=bs)
+    await a.start()
+    await p.start()
+    try:
+        assert await _until(lambda: a.lease.held())  # a alone in the lease group: a is active
+        await b.start()
+        # b's joining rebalances the lease group: Kafka may hand the lease to either; exactly one holds it
+        assert await _until(lambda: a.lease.held() != b.lease.held() and _consuming(a) != _consuming(b))
+        await asyncio.sleep(3)  # stable (no rebalance pending)
+        leader, standby = (a, b) if a.lease.held() else (b, a)
+        assert leader.lease.held() and not standby.lease.held()
+        assert _consuming(leader) and standby.failures_consumer is None
+        await p.send_and_wait(f"{prefix}failures", failure().to_json(), key=b"gpu-node-002")
+        [first] = [Remediation.model_validate_json(v) for v in await read(bs, f"{prefix}remediations", 1)]
+        assert first.decision.value == "executed" and first.node == "gpu-node-002"
+        assert [c[:2] for c in fake.calls] == [("gpu-node-002", "DRAIN")]
+        assert standby.decisions == {} and leader.decisions == {"executed": 1}  # the standby decided nothing
+
+        t0 = time.monotonic()
+        await leader.stop()  # the active replica goes away: the standby takes the lease
+        assert await _until(lambda: _consuming(standby), 40)
+        took = time.monotonic() - t0
+        # the same failure again (redelivery after the hand-over): the new holder decides, no 2nd drain
+        await p.send_and_wait(f"{prefix}failures", failure().to_json(), key=b"gpu-node-002")
+        rems = [Remediation.model_validate_json(v) for v in await read(bs, f"{prefix}remediations", 2)]
+        assert len(rems) == 2, rems
+        second = rems[1]
+        assert second.decision.value == "skipped" and "[rule=already-drained]" in second.reason
+        assert [c[:2] for c in fake.calls] == [("gpu-node-002", "DRAIN")]  # one drain in total
+        assert standby.status()["active"] and standby.decisions == {"skipped": 1}
+        print(f"lease hand-over: {took:.1f} s")
+    finally:
+        await p.stop()
+        await b.stop()
+        await a.stop()
