@@ -302,3 +302,18 @@ def test_cli_help() -> None:
     res = CliRunner().invoke(app, ["--help"])
     assert res.exit_code == 0
     assert "OTLP" in res.output
+
+
+def test_driver_version_sent_on_change_stays_on_the_series() -> None:
+    """The collector sends driver_version only on change; the bridge keeps the last one per node."""
+    from gpuwarden.otlp_bridge.store import LatestStore
+    from gpuwarden.shared.models import AttributedSample, GpuSample, NodeSample
+
+    store = LatestStore()
+    first = NodeSample(node="n1", ts=1.0, collector_id="c", source="t", gpus=[GpuSample(index=0)],
+                       driver_version="535.183.01")
+    store.update_sample(AttributedSample(sample=first))
+    later = first.model_copy(update={"ts": 2.0, "driver_version": None})
+    store.update_sample(AttributedSample(sample=later))
+    [entry] = store._gpus.values()
+    assert entry.ts == 2.0 and entry.attributes["hw.driver_version"] == "535.183.01"

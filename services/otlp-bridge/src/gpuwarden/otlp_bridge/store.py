@@ -138,6 +138,7 @@ class LatestStore:
         self._seen: OrderedDict[str, float | None] = OrderedDict()  # id -> last_seen when resolved
         self._counts: dict[tuple[str, str, str], int] = {}
         self.watermark = 0.0
+        self._driver_versions: dict[str, str] = {}
 
     # -- updates ---------------------------------------------------------------------
     def _advance(self, ts: float) -> None:
@@ -154,6 +155,11 @@ class LatestStore:
         stored = 0
         with self._lock:
             self._advance(sample.ts)
+            # the collector sends the driver version on change (and every few minutes), not in
+            # every sample: keep the last one per node so the attribute stays on the series
+            if sample.driver_version:
+                self._driver_versions[sample.node] = sample.driver_version
+            driver_version = self._driver_versions.get(sample.node)
             for g in sample.gpus:
                 key = (sample.node, g.index)
                 old = self._gpus.get(key)
@@ -165,7 +171,7 @@ class LatestStore:
                 job = jobs.get(g.index)
                 if old is not None and _job_id(old.job) != _job_id(job):
                     self._end_job_events(key, _job_id(job))
-                attrs = gpu_attributes(sample.node, g, job, sample.driver_version)
+                attrs = gpu_attributes(sample.node, g, job, driver_version)
                 labels = prom_gpu_labels(sample.node, g, job)
                 if old is not None and old.labels == labels and old.attributes == attrs:
                     attrs, labels = old.attributes, old.labels  # same identity: exporters cache per dict
