@@ -285,9 +285,9 @@ JOB_CASES: dict[str, Callable[[str, int, int], dict[str, Any]]] = {
         "power_w_mean": 110.0,
     },
     "gpu-memory-leak": lambda n, g, k: (
-        {"memory_used_mib_first": 40_000.0 + 300 * k, "memory_used_mib_last": 40_000.0 + 300 * (k + 1)}
+        {"memory_used_mib_max": 40_000.0 + 300 * (k + 1) + (k % 3) * 50}  # +1800 MiB/min, steady
         if (n, g) == ("n1", 0)
-        else {}
+        else {"memory_used_mib_max": 60_000.0 + ((k * 7 + g) % 5) * 400}  # noisy but flat: no leak
     ),
     "low-tensor-activity": lambda n, g, k: {"tensor_activity_pct_mean": 2.0},
     "checkpoint-stall": lambda n, g, k: {"utilization_gpu_pct_min": 0.0} if k % 2 == 0 else {},

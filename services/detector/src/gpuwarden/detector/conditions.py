@@ -115,6 +115,9 @@ class Straggler(_S):
     metrics: list[StragglerMetric] = Field(default_factory=_default_metrics, min_length=1)
     below_median_ratio: float = Field(0.85, gt=0, lt=1, description="Slower than this share of the job's median")
     min_gpus: int = Field(4, ge=2, description="Peers needed for a robust median")
+    min_utilization_pct: float = Field(
+        20, ge=0, le=100, description="Only busy GPUs are compared (an idle GPU is not slow: see partial-idle)"
+    )
 
 
 class LowDuty(_S):
@@ -130,9 +133,14 @@ class Hang(_S):
 
 
 class MemoryGrowth(_S):
+    """Steady growth: a least-squares slope over the windows' peak memory, a good linear fit
+    (noise around a flat level fits badly), and the limit within the horizon."""
+
     type: Literal["memory-growth"]
     min_mib_per_min: float = Field(gt=0)
     horizon_min: float = Field(60, gt=0, description="Unhealthy if the limit is reached within this many minutes")
+    min_windows: int = Field(6, ge=3, description="Windows of history needed for a trend")
+    min_r2: float = Field(0.8, gt=0, le=1, description="Fit quality (r squared) that counts as steady growth")
 
 
 class LowTensor(_S):
@@ -142,8 +150,14 @@ class LowTensor(_S):
 
 
 class Pauses(_S):
+    """Periodic all-GPU pauses: the share of recent windows in which every GPU of the job
+    dropped to idle while the job is otherwise busy."""
+
     type: Literal["pauses"]
     max_utilization_pct: float = Field(5, ge=0, le=100, description="A window where every GPU is below this")
+    min_share: float = Field(0.15, gt=0, le=1, description="Share of windows with a pause that is unhealthy")
+    min_windows: int = Field(12, ge=3, description="Windows of history needed")
+    min_pauses: int = Field(2, ge=1, description="Separate pauses needed (periodicity)")
 
 
 class HealthFailed(_S):
@@ -420,18 +434,23 @@ def evaluate_job(
             (first.node, None, Reading(bad, "power_ratio_at_full_utilization", worst, "ratio", sig.max_power_ratio))
         ]
     if isinstance(sig, MemoryGrowth):
-        out = []
         for w in windows:
-            first_mib, last_mib, total = w.memory_used_mib_first, w.memory_used_mib_last, w.memory_total_mib
-            if first_mib is None or last_mib is None or not total:
+            series = [
+                (x.window_end / 60.0, x.memory_used_mib_max)
+                for group in [*history, [w]]
+                for x in group
+                if (x.node, x.gpu_index) == (w.node, w.gpu_index) and x.memory_used_mib_max is not None
+            ]
+            if len(series) < sig.min_windows or not w.memory_total_mib or w.memory_used_mib_max is None:
                 continue
-            older = [x for group in history for x in group if (x.node, x.gpu_index) == (w.node, w.gpu_index)]
-            start = min(older, key=lambda x: x.window_start) if older else w
-            span_min = max(1e-9, (w.window_end - start.window_start) / 60.0)
-            start_mib = start.memory_used_mib_first if start.memory_used_mib_first is not None else first_mib
-            slope = (last_mib - start_mib) / span_min
-            minutes_left = (total - last_mib) / slope if slope > 0 else float("inf")
-            bad = slope >= sig.min_mib_per_min and minutes_left <= sig.horizon_min
+            xs, ys = zip(*series, strict=True)
+            if len(set(ys)) == 1:
+                slope, r2 = 0.0, 0.0
+            else:
+                slope = statistics.linear_regression(xs, ys).slope
+                r2 = statistics.correlation(xs, ys) ** 2
+            minutes_left = (w.memory_total_mib - w.memory_used_mib_max) / slope if slope > 0 else float("inf")
+            bad = slope >= sig.min_mib_per_min and r2 >= sig.min_r2 and minutes_left <= sig.horizon_min
             out.append(
                 (w.node, w.gpu_index, Reading(bad, "memory_growth_mib_per_min", slope, "MiB/min", sig.min_mib_per_min))
             )
@@ -447,21 +466,19 @@ def evaluate_job(
         return out
     if isinstance(sig, Pauses):
         groups = [*history, windows]
-        paused_flags = [
-            all((_v(w, "utilization_gpu_pct_min") or 0) <= sig.max_utilization_pct for w in g) for g in groups
-        ]
-        busy_flags = [any((_v(w, "utilization_gpu_pct_max") or 0) >= 50 for w in g) for g in groups]
-        # periodic all-GPU pauses inside otherwise busy windows: the share of such windows
-        share = sum(1 for p, b in zip(paused_flags, busy_flags, strict=True) if p and b) / len(groups)
-        return [
-            (first.node, None, Reading(share >= 0.3 and len(groups) >= 3, "paused_window_share", share, "ratio", 0.3))
-        ]
+        paused = [all((_v(w, "utilization_gpu_pct_min") or 0) <= sig.max_utilization_pct for w in g) for g in groups]
+        busy = any((_v(w, "utilization_gpu_pct_mean") or 0) >= 50 for g in groups for w in g)  # else: idle job
+        episodes = sum(1 for i, p in enumerate(paused) if p and (i == 0 or not paused[i - 1]))
+        share = sum(paused) / len(groups)
+        bad = busy and len(groups) >= sig.min_windows and share >= sig.min_share and episodes >= sig.min_pauses
+        return [(first.node, None, Reading(bad, "paused_window_share", share, "ratio", sig.min_share))]
     raise ValueError(f"{sig.type} is not a job-scope signal")
 
 
 def _stragglers(sig: Straggler, windows: list[JobWindow]) -> list[tuple[str, int | None, Reading]]:
     """Subjects (GPUs, or nodes by their GPUs' median) below ``ratio`` x the job median on any metric."""
     subjects: dict[tuple[str, int | None], list[JobWindow]] = {}
+    windows = [w for w in windows if (_v(w, "utilization_gpu_pct_mean") or 0) >= sig.min_utilization_pct]
     for w in windows:
         key = (w.node, w.gpu_index if sig.type == "straggler-gpu" else None)
         subjects.setdefault(key, []).append(w)

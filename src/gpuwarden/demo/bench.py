@@ -1,0 +1,128 @@
+"""``gpuwarden bench detect DIR``: recall, precision and detection delay per pattern over a
+folder of scored scenarios (DESIGN section 6)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gpuwarden.shared.scenario import load_scenario
+
+__all__ = ["detect", "summarise"]
+
+
+def summarise(reports: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per pattern: tp, fn, fp, recall, precision and delays (s) from scenario reports."""
+    rows: dict[str, dict[str, Any]] = {}
+
+    def row(p: str) -> dict[str, Any]:
+        return rows.setdefault(p, {"tp": 0, "fn": 0, "fp": 0, "delays": []})
+
+    for rep in reports:
+        sc = rep["score"]
+        for f in sc["found"]:
+            r = row(f["pattern"])
+            r["tp"] += 1
+            r["delays"].append(f["delay_s"])
+        for m in sc["missed"]:
+            row(m["pattern"])["fn"] += 1
+        for fp in sc["false_positives"]:
+            row(fp["pattern"])["fp"] += 1
+    for r in rows.values():
+        r["recall"] = r["tp"] / (r["tp"] + r["fn"]) if r["tp"] + r["fn"] else None
+        r["precision"] = r["tp"] / (r["tp"] + r["fp"]) if r["tp"] + r["fp"] else None
+    return rows
+
+
+def detect(
+    folder: Annotated[Path, typer.Argument(exists=True, file_okay=False, help="Folder of scenario YAML files")],
+    pattern: Annotated[str, typer.Option(help="Only files matching this glob")] = "*.yaml",
+    pipeline: Annotated[
+        bool, typer.Option(help="Run each scenario through the real services on a broker (slow) instead of in-process")
+    ] = False,
+    speed: Annotated[float, typer.Option(min=1, max=50, help="With --pipeline: scenario s per wall s")] = 10.0,
+) -> None:
+    """Run every scenario of FOLDER and print recall, precision and delay per pattern.
+
+    Exit code 1 if any scenario misses an expectation or reports a false positive.
+    """
+    import asyncio
+
+    from .inprocess import run_inprocess
+
+    console = Console(width=None if Console().is_terminal else 140)
+    files = sorted(folder.glob(pattern))
+    if not files:
+        console.print(f"[red]error:[/] no scenario files matching {pattern} in {folder}")
+        raise typer.Exit(2)
+    reports, failed = [], []
+    t0 = time.perf_counter()
+    for path in files:
+        sc = load_scenario(path)
+        if pipeline:
+            from .runner import Pipeline
+
+            pl = Pipeline(path, sc, speed=speed)
+
+            async def go(pl: Pipeline = pl, duration_s: float = sc.duration_s) -> dict[str, Any]:
+                try:
+                    await pl.start()
+                    end = pl.result.sim_start + duration_s / speed + 5
+                    while time.time() < end:
+                        await pl.poll()
+                    return pl.result.report()
+                finally:
+                    await pl.stop()
+
+            rep = asyncio.run(go())
+        else:
+            rep = run_inprocess(sc).report()
+        reports.append(rep)
+        ok = rep["score"]["passed"]
+        if not ok:
+            failed.append((path.name, rep["score"]))
+        console.print(f"{'ok  ' if ok else 'FAIL'} {path.name}")
+    wall = time.perf_counter() - t0
+    rows = summarise(reports)
+    table = Table(
+        "pattern",
+        "found",
+        "missed",
+        "false pos.",
+        "recall",
+        "precision",
+        "delay p50 (s)",
+        "delay max (s)",
+        title=f"bench detect: {len(files)} scenarios in {wall:.1f} s ({'pipeline' if pipeline else 'in-process'})",
+    )
+    table.columns[0].no_wrap = True
+    for p in sorted(rows):
+        r = rows[p]
+        d = r["delays"]
+        table.add_row(
+            p,
+            str(r["tp"]),
+            str(r["fn"]),
+            str(r["fp"]),
+            "-" if r["recall"] is None else f"{r['recall']:.2f}",
+            "-" if r["precision"] is None else f"{r['precision']:.2f}",
+            f"{statistics.median(d):.1f}" if d else "-",
+            f"{max(d):.1f}" if d else "-",
+        )
+    console.print(table)
+    tp = sum(r["tp"] for r in rows.values())
+    fn = sum(r["fn"] for r in rows.values())
+    fp = sum(r["fp"] for r in rows.values())
+    console.print(
+        f"overall: recall {tp / (tp + fn) if tp + fn else 1:.3f}, precision {tp / (tp + fp) if tp + fp else 1:.3f} "
+        f"({tp} found, {fn} missed, {fp} false positives)"
+    )
+    for name, sc in failed:
+        console.print(f"[red]{name}[/]: missed {sc['missed']} false positives {sc['false_positives']}")
+    raise typer.Exit(1 if failed else 0)

@@ -1,0 +1,34 @@
+"""The scored scenario suite (tests/scenarios): every pattern has a positive scenario where it
+must be found (right node, GPU and job, within the stated delay) and a negative one where it
+must not; mixed scenarios combine faults. Run in-process through the pipeline's own logic
+(simulated collector and Slurm, correlator, detector); `gpuwarden bench detect` prints the
+same as recall/precision per pattern, and the integration suite runs a sample of them
+through the real services."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.demo.inprocess import run_inprocess
+from gpuwarden.shared.models import PATTERNS
+from gpuwarden.shared.scenario import load_scenario
+
+SUITE = Path(__file__).resolve().parents[1] / "scenarios"
+FILES = sorted(SUITE.glob("*.yaml"))
+
+
+def test_every_pattern_has_a_positive_and_a_negative_scenario() -> None:
+    names = {f.stem for f in FILES}
+    for p in PATTERNS:
+        assert p in names and f"{p}-negative" in names, p
+        assert any(e.pattern == p for e in load_scenario(SUITE / f"{p}.yaml").expect)
+        assert not any(e.pattern == p for e in load_scenario(SUITE / f"{p}-negative.yaml").expect)
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_scenario(path: Path) -> None:
+    report = run_inprocess(load_scenario(path)).report()
+    score = report["score"]
+    assert score["passed"], f"missed {score['missed']}, false positives {score['false_positives']}"
