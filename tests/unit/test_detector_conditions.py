@@ -339,3 +339,27 @@ def test_every_condition_pattern_is_exercised_here() -> None:
         | {"zombie-process", "gpu-missing", "telemetry-silent", "health-check-failed"}
     )
     assert {c.pattern for c in load_catalog().conditions} == tested
+
+
+def test_a_lagging_partition_does_not_make_its_nodes_look_silent() -> None:
+    """Node b's partition is read 60 s behind node a's: b is late, not silent."""
+    d = Detector(load_catalog())
+    out: list[Failure] = []
+    for s in range(100):
+        a = NodeSample(node="a", ts=T0 + s + 60, collector_id="t", source="test", gpus=[healthy(0)])
+        b = NodeSample(node="b", ts=T0 + s, collector_id="t", source="test", gpus=[healthy(0)])
+        out += d.on_sample(AttributedSample(sample=a, jobs=[JOB]), partition=0)
+        out += d.on_sample(AttributedSample(sample=b, jobs=[JOB]), partition=1)
+    assert out == []
+
+
+def test_nodes_of_an_idle_partition_still_become_silent() -> None:
+    d = Detector(load_catalog())
+    out: list[Failure] = []
+    for s in range(400):
+        a = NodeSample(node="a", ts=T0 + s, collector_id="t", source="test", gpus=[healthy(0)])
+        out += d.on_sample(AttributedSample(sample=a, jobs=[JOB]), partition=0)
+        if s < 20:  # b's partition carries nothing after 20 s
+            b = NodeSample(node="b", ts=T0 + s, collector_id="t", source="test", gpus=[healthy(0)])
+            out += d.on_sample(AttributedSample(sample=b, jobs=[JOB]), partition=1)
+    assert {(f.pattern, f.node) for f in out} == {("telemetry-silent", "b")}

@@ -49,6 +49,7 @@ from .render import Finding, render
 __all__ = ["Detector", "Episode"]
 
 MAX_EVIDENCE = 20
+IDLE_PARTITION_S = 300.0  # event time: a partition this far behind the newest counts as idle
 
 
 @dataclass
@@ -109,13 +110,19 @@ class Detector:
         self._node_states: dict[str, NodeState] = {}
         self._watermark = 0.0
         self._silence_checked = 0.0
+        self._part_watermarks: dict[int, float] = {}
         self._windows: dict[str, dict[float, dict[tuple[str, int], JobWindow]]] = {}
         self._history: dict[str, list[list[JobWindow]]] = {}
         self.window_history = 30
 
     # -- inputs ----------------------------------------------------------------------
-    def on_sample(self, msg: AttributedSample) -> list[Failure]:
-        """Condition rules of GPU and node scope on one sample; remembers GPU identities."""
+    def on_sample(self, msg: AttributedSample, partition: int | None = None) -> list[Failure]:
+        """Condition rules of GPU and node scope on one sample; remembers GPU identities.
+
+        ``partition``: the Kafka partition the sample came from. The event-time watermark
+        used for ``telemetry-silent`` is the minimum over partitions, so a consumer that
+        reads one partition ahead of another never makes the lagging nodes look silent.
+        """
         s = msg.sample
         jobs = {a.gpu_index: a for a in msg.jobs}
         out: list[Failure] = []
@@ -129,7 +136,7 @@ class Detector:
                 if reading is not None:
                     out += self._cond(rule, s.node, g.index, s.ts, reading, job, "gpu.attributed")
             self._prev[(s.node, g.index)] = (s.ts, g)
-        out += self._node_conditions(s.node, s.ts, len(s.gpus))
+        out += self._node_conditions(s.node, s.ts, len(s.gpus), partition)
         return out
 
     def on_node(self, state: NodeState) -> list[Failure]:
@@ -267,11 +274,15 @@ class Detector:
         return self._observe(rule, note, job, evidence)
 
     # -- helpers ---------------------------------------------------------------------
-    def _node_conditions(self, node: str, ts: float, gpu_count: int) -> list[Failure]:
+    def _node_conditions(self, node: str, ts: float, gpu_count: int, partition: int | None) -> list[Failure]:
         out: list[Failure] = []
         self._gpu_count_max[node] = max(self._gpu_count_max.get(node, 0), gpu_count)
         self._node_last[node] = max(self._node_last.get(node, 0.0), ts)
-        self._watermark = max(self._watermark, ts)
+        key = -1 if partition is None else partition
+        self._part_watermarks[key] = max(self._part_watermarks.get(key, 0.0), ts)
+        newest = max(self._part_watermarks.values())
+        # a partition far behind the others is idle (all its nodes silent), not lagging
+        self._watermark = min(w for w in self._part_watermarks.values() if newest - w <= IDLE_PARTITION_S)
         advanced = self._watermark >= self._silence_checked + 1.0  # check silence once per event-time second
         if advanced:
             self._silence_checked = self._watermark

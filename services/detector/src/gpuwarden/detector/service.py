@@ -61,7 +61,7 @@ class DetectorService(Service):
         if isinstance(value, AttributedEvent):
             out = self.detector.on_event(value)
         elif isinstance(value, AttributedSample):
-            out = self.detector.on_sample(value)
+            out = self.detector.on_sample(value, getattr(_record, "partition", None))
         elif isinstance(value, JobState):
             out = self.detector.on_job(value)
         elif isinstance(value, JobWindow):
