@@ -1,0 +1,644 @@
+"""``gpuwarden bench pipeline``: sustained GPU samples/s and XID latency through the real services.
+
+One run on one broker (Apache Kafka by default, ``--broker tansu`` for the embedded one):
+
+1. topics under a fresh prefix; correlator, detector, remediator (dry-run, simulated Slurm of
+   a generated scenario) and, unless ``--no-bridge``, the otlp-bridge start as processes;
+2. one ``JobState`` per job of ``--job-nodes`` nodes, so every GPU sample is attributed;
+3. a load process (standing in for the fleet's collectors) produces one ``NodeSample``
+   (``--gpus`` GPUs) per node per tick at ``--hz`` ticks/s in real time (event time = wall
+   time) for ``--warmup`` + ``--seconds``;
+4. during the measured ``--seconds``, an XID 79 (``gpu-fallen-off-bus``, action reboot ->
+   drain) is produced on ``gpu.events`` every ``--xid-every`` s, each on a fresh (node, GPU),
+   with its wall time; a reader in this process times the first matching ``Failure`` on
+   ``failures`` and the first ``Remediation`` of that node on ``remediations``;
+5. every second the consumer groups' committed offsets are compared with the end offsets:
+   throughput = committed offsets gained over the measured window, lag = end - committed;
+6. after the load, a raw aiokafka consume of the same ``gpu.samples`` topic (bytes only,
+   and bytes + ``orjson.loads``) gives the ceiling the pipeline is compared with.
+
+Everything started is stopped at the end (services, load process, broker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import multiprocessing as mp
+import os
+import pstats
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from io import StringIO
+from pathlib import Path
+from typing import Annotated, Any
+
+import orjson
+import typer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from gpuwarden.demo.runner import ServiceProc, stop_services, wait_healthy
+from gpuwarden.shared.brokers import ApacheKafka, TansuBroker, die_with_parent, free_port
+from gpuwarden.shared.models import EventKind, GpuEvent, GpuSample, JobState, NodeSample
+from gpuwarden.shared.scenario import Cluster
+from gpuwarden.shared.topics import create_topics
+
+__all__ = ["LagSeries", "percentile", "pipeline", "rate", "ratio", "summarise_latencies"]
+
+XID_CODE = 79
+XID_PATTERN = "gpu-fallen-off-bus"
+
+
+# -- pure helpers (unit-tested) ------------------------------------------------------------
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile (0-100) by linear interpolation between closest ranks; None if empty."""
+    if not values:
+        return None
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile {q} not in [0, 100]")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """``a / b``, or None when either is missing or ``b`` is not positive."""
+    if a is None or b is None or b <= 0:
+        return None
+    return a / b
+
+
+def rate(points: Sequence[tuple[float, float]], t0: float, t1: float) -> float | None:
+    """Growth per second of a monotonic counter sampled as ``(time, value)`` between the last
+    point at or before ``t0`` and the last point at or before ``t1``; None without two points."""
+    before = [p for p in points if p[0] <= t0]
+    upto = [p for p in points if p[0] <= t1]
+    if not before or not upto or upto[-1][0] <= before[-1][0]:
+        return None
+    (ta, va), (tb, vb) = before[-1], upto[-1]
+    return (vb - va) / (tb - ta)
+
+
+def summarise_latencies(sent: dict[str, float], seen: dict[str, float]) -> dict[str, Any]:
+    """Latencies (s) of the keys of ``sent`` that were ``seen``: count, missing, p50, p99, max."""
+    lat = [seen[k] - sent[k] for k in sent if k in seen]
+    return {
+        "n": len(lat),
+        "missing": len(sent) - len(lat),
+        "p50_s": percentile(lat, 50),
+        "p99_s": percentile(lat, 99),
+        "max_s": max(lat) if lat else None,
+    }
+
+
+@dataclass
+class LagSeries:
+    """Committed offsets of one consumer group on one topic, and its lag, over time."""
+
+    committed: list[tuple[float, float]] = field(default_factory=list)
+    lag: list[tuple[float, float]] = field(default_factory=list)
+
+    def add(self, t: float, end: int, committed: int) -> None:
+        self.committed.append((t, float(committed)))
+        self.lag.append((t, float(max(0, end - committed))))
+
+    def max_lag(self, t0: float = -math.inf, t1: float = math.inf) -> float | None:
+        xs = [v for t, v in self.lag if t0 <= t <= t1]
+        return max(xs) if xs else None
+
+    def lag_at(self, t: float) -> float | None:
+        xs = [v for tt, v in self.lag if tt <= t]
+        return xs[-1] if xs else None
+
+
+# -- the load (a separate process, so it does not delay this process's timing) -------------
+def _node_template(node: str, gpus: int) -> dict[str, Any]:
+    s = NodeSample(
+        node=node,
+        ts=time.time(),
+        collector_id=f"bench-{node}",
+        source="simulated",
+        gpus=[
+            GpuSample(
+                index=i,
+                uuid=f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}-{i}')}",
+                name="NVIDIA H100 80GB HBM3",
+                utilization_gpu_pct=92.0,
+                utilization_memory_pct=40.0,
+                power_w=610.0,
+                power_limit_w=700.0,
+                sm_clock_mhz=1980.0,
+                max_sm_clock_mhz=1980.0,
+                memory_used_mib=60000.0,
+                memory_total_mib=81559.0,
+                temperature_c=64.0,
+                throttle_reasons=[],
+            )
+            for i in range(gpus)
+        ],
+    )
+    return s.model_dump(mode="json", exclude_none=True)
+
+
+def _load_main(
+    bootstrap: str, topic: str, nodes: list[str], gpus: int, hz: float, until: float, sent: Any, behind: Any
+) -> None:
+    """Produce one NodeSample per node per tick until wall time ``until``; ``sent`` counts them,
+    ``behind`` holds the worst lateness of a tick (s) when the producer could not keep pace."""
+
+    async def go() -> None:
+        p = AIOKafkaProducer(
+            bootstrap_servers=bootstrap, acks=1, linger_ms=5, max_batch_size=256 * 1024, enable_idempotence=False
+        )
+        await p.start()
+        templates = [(n, n.encode(), _node_template(n, gpus)) for n in nodes]
+        period = 1.0 / hz
+        t_next = time.time()
+        tick = 0
+        try:
+            while t_next < until:
+                now = time.time()
+                if now < t_next:
+                    await asyncio.sleep(t_next - now)
+                else:
+                    behind.value = max(behind.value, now - t_next)
+                for _, key, tpl in templates:
+                    tpl["ts"] = time.time()
+                    for g in tpl["gpus"]:
+                        g["memory_used_mib"] = 60000.0 + tick % 100
+                    await p.send(topic, orjson.dumps(tpl), key=key)
+                sent.value += len(templates)
+                tick += 1
+                t_next += period
+            await p.flush()
+        finally:
+            await p.stop()
+
+    asyncio.run(go())
+
+
+# -- the run -------------------------------------------------------------------------------
+class BrokerKind(StrEnum):
+    kafka = "kafka"
+    tansu = "tansu"
+
+
+@dataclass
+class BenchResult:
+    nodes: int
+    gpus: int
+    hz: float
+    services: list[str]
+    offered_node_samples: int = 0
+    producer_behind_s: float = 0.0
+    t_measure: tuple[float, float] = (0.0, 0.0)
+    series: dict[str, LagSeries] = field(default_factory=dict)
+    xid_sent: dict[str, float] = field(default_factory=dict)
+    xid_sent_node: dict[str, float] = field(default_factory=dict)
+    failure_seen: dict[str, float] = field(default_factory=dict)
+    drain_seen: dict[str, float] = field(default_factory=dict)
+    decisions: dict[str, int] = field(default_factory=dict)
+    drained_after_s: float | None = None
+    raw_rate: float | None = None
+    raw_json_rate: float | None = None
+    raw_messages: int = 0
+    profile: str | None = None
+
+
+def _service_env(base: dict[str, str], name: str, group: str, workdir: Path, scenario: Path) -> dict[str, str]:
+    env = {**base, "GPUWARDEN_CONSUMER_GROUP": group}
+    if name == "correlator":
+        env["GPUWARDEN_CORRELATOR_DATADIR"] = str(workdir / "correlator")
+    if name == "remediator":
+        env.update(
+            {
+                "GPUWARDEN_REMEDIATOR_BACKEND": "simulated",
+                "GPUWARDEN_REMEDIATOR_SCENARIO": str(scenario),
+                "GPUWARDEN_REMEDIATOR_STATE_FILE": str(workdir / "slurm-state.json"),
+                "GPUWARDEN_REMEDIATOR_ENFORCE": "false",
+                "GPUWARDEN_REMEDIATOR_MAX_DRAINS_PER_WINDOW": "1000000",
+                "GPUWARDEN_REMEDIATOR_MAX_DRAIN_FRACTION": "1.0",
+            }
+        )
+    return env
+
+
+def _spawn(name: str, argv: list[str], env: dict[str, str], log: Path) -> ServiceProc:
+    port = free_port()
+    sp = ServiceProc(name, argv[-1], port, log)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        sp.proc = subprocess.Popen(
+            [sys.executable, *argv],
+            env={**env, "GPUWARDEN_HTTP_PORT": str(port)},
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,
+        )
+    return sp
+
+
+class _Bench:
+    def __init__(self, bootstrap: str, res: BenchResult, workdir: Path, job_nodes: int, profile: bool) -> None:
+        self.bootstrap = bootstrap
+        self.res = res
+        self.workdir = workdir
+        self.job_nodes = job_nodes
+        self.profile = profile
+        tag = uuid.uuid4().hex[:6]
+        self.prefix = f"benchpipe{tag}."
+        self.groups = {s: f"benchpipe-{tag}-{s}" for s in res.services}
+        self.cluster = Cluster(nodes=res.nodes, gpus_per_node=res.gpus)
+        self.node_names = self.cluster.node_names()
+        self.procs: list[ServiceProc] = []
+        self.stop_monitor = asyncio.Event()
+
+    def t(self, short: str) -> str:
+        return f"{self.prefix}{short}"
+
+    # services
+    def _scenario(self) -> Path:
+        path = self.workdir / "bench-scenario.yaml"
+        path.write_text(
+            orjson.dumps(
+                {
+                    "name": "bench-pipeline",
+                    "duration_s": 86400,
+                    "cluster": {"nodes": self.res.nodes, "gpus_per_node": self.res.gpus},
+                }
+            ).decode()
+        )
+        return path
+
+    async def start_services(self) -> None:
+        base = {
+            **os.environ,
+            "GPUWARDEN_BOOTSTRAP_SERVERS": self.bootstrap,
+            "GPUWARDEN_TOPIC_PREFIX": self.prefix,
+            "GPUWARDEN_LOG_LEVEL": "WARNING",
+            "GPUWARDEN_SIM_START": str(time.time()),
+            "GPUWARDEN_SIM_SPEED": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+        scenario = self._scenario()
+        modules = {
+            "correlator": "gpuwarden.correlator",
+            "detector": "gpuwarden.detector",
+            "otlp-bridge": "gpuwarden.otlp_bridge",
+            "remediator": "gpuwarden.remediator",
+        }
+        for name in self.res.services:
+            argv = ["-m", modules[name]]
+            if name == "correlator" and self.profile:
+                argv = ["-m", "cProfile", "-o", str(self.workdir / "correlator.prof"), "-m", modules[name]]
+            env = _service_env(base, name, self.groups[name], self.workdir, scenario)
+            self.procs.append(_spawn(name, argv, env, self.workdir / "logs" / f"{name}.log"))
+        await wait_healthy(self.procs, 180)
+
+    async def publish_jobs(self) -> None:
+        p = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks=1, enable_idempotence=False)
+        await p.start()
+        try:
+            now = time.time()
+            for j, i in enumerate(range(0, len(self.node_names), self.job_nodes)):
+                nodes = self.node_names[i : i + self.job_nodes]
+                job = JobState(
+                    job_id=str(50000 + j),
+                    ts=now,
+                    state="RUNNING",
+                    user="bench",
+                    partition="gpu",
+                    nodes=nodes,
+                    gpus={n: list(range(self.res.gpus)) for n in nodes},
+                    start_ts=now - 600,
+                    end_ts=now + 86400,
+                )
+                await p.send(self.t("slurm.jobs"), job.to_json(), key=job.job_id.encode())
+            await p.flush()
+        finally:
+            await p.stop()
+
+    # monitoring
+    async def monitor(self) -> None:
+        """Every second: end offsets vs committed offsets of each group on the topic it reads."""
+        watch = {"correlator": "gpu.samples", "detector": "gpu.attributed", "otlp-bridge": "gpu.attributed"}
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        ends = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None)
+        await admin.start()
+        await ends.start()
+        try:
+            parts: dict[str, list[TopicPartition]] = {}
+            for short in set(watch.values()):
+                ps = ends.partitions_for_topic(self.t(short))
+                if not ps:
+                    await ends._client.force_metadata_update()
+                    ps = ends.partitions_for_topic(self.t(short)) or set()
+                parts[short] = [TopicPartition(self.t(short), p) for p in sorted(ps)]
+            while not self.stop_monitor.is_set():
+                now = time.time()
+                end_by_topic = {}
+                for short, tps in parts.items():
+                    eo = await ends.end_offsets(tps)
+                    end_by_topic[short] = sum(eo.values())
+                for svc, short in watch.items():
+                    if svc not in self.groups:
+                        continue
+                    offs = await admin.list_consumer_group_offsets(self.groups[svc], partitions=parts[short])
+                    committed = sum(max(0, o.offset) for o in offs.values() if o is not None)
+                    self.res.series.setdefault(svc, LagSeries()).add(now, end_by_topic[short], committed)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop_monitor.wait(), 1.0)
+        finally:
+            await ends.stop()
+            await admin.close()
+
+    async def read_outputs(self, ready: asyncio.Event) -> None:
+        """Time the first Failure per injected (node, GPU) and the first Remediation per node."""
+        c = AIOKafkaConsumer(
+            self.t("failures"),
+            self.t("remediations"),
+            bootstrap_servers=self.bootstrap,
+            group_id=None,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=20,
+        )
+        await c.start()
+        ready.set()
+        try:
+            while not self.stop_monitor.is_set():
+                batches = await c.getmany(timeout_ms=50, max_records=2000)
+                now = time.time()
+                for tp, recs in batches.items():
+                    for r in recs:
+                        try:
+                            d = orjson.loads(r.value)
+                        except orjson.JSONDecodeError:
+                            continue
+                        if tp.topic == self.t("failures"):
+                            if d.get("pattern") == XID_PATTERN:
+                                self.res.failure_seen.setdefault(f"{d.get('node')}/{d.get('gpu_index')}", now)
+                        else:
+                            key = str(d.get("node"))
+                            if key in self.res.xid_sent_node and key not in self.res.drain_seen:
+                                self.res.drain_seen[key] = now
+                                dec = str(d.get("decision"))
+                                self.res.decisions[dec] = self.res.decisions.get(dec, 0) + 1
+        finally:
+            await c.stop()
+
+    async def inject_xids(self, until: float, every: float) -> None:
+        p = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks=1, linger_ms=0, enable_idempotence=False)
+        await p.start()
+        rng = random.Random(7)
+        order = list(range(len(self.node_names)))
+        rng.shuffle(order)
+        try:
+            i = 0
+            t_next = time.time()
+            while time.time() < until and i < len(order):
+                await asyncio.sleep(max(0.0, t_next - time.time()))
+                node, gpu = self.node_names[order[i]], rng.randrange(self.res.gpus)
+                now = time.time()
+                pci = f"0000:{0x18 + gpu:02x}:00.0"
+                raw = f"NVRM: Xid (PCI:{pci}): {XID_CODE}, pid=0, GPU has fallen off the bus."
+                ev = GpuEvent(
+                    event_id=uuid.uuid4().hex,
+                    node=node,
+                    ts=now,
+                    kind=EventKind.XID,
+                    code=XID_CODE,
+                    gpu_index=gpu,
+                    pci_bus_id=pci,
+                    message="GPU has fallen off the bus.",
+                    raw=raw,
+                    source="simulated",
+                )
+                self.res.xid_sent[f"{node}/{gpu}"] = now
+                self.res.xid_sent_node[node] = now
+                await p.send_and_wait(self.t("gpu.events"), ev.to_json(), key=node.encode())
+                i += 1
+                t_next += every
+        finally:
+            await p.stop()
+
+    async def raw_consume(self, decode: bool) -> tuple[float, int]:
+        """Messages/s of one aiokafka consumer reading all of ``gpu.samples`` from the start."""
+        c = AIOKafkaConsumer(
+            self.t("gpu.samples"),
+            bootstrap_servers=self.bootstrap,
+            group_id=None,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+        )
+        await c.start()
+        try:
+            tps = [
+                TopicPartition(self.t("gpu.samples"), p) for p in c.partitions_for_topic(self.t("gpu.samples")) or []
+            ]
+            total = sum((await c.end_offsets(tps)).values())
+            n, t0 = 0, time.perf_counter()
+            while n < total:
+                batches = await c.getmany(timeout_ms=1000, max_records=10000)
+                for recs in batches.values():
+                    n += len(recs)
+                    if decode:
+                        for r in recs:
+                            orjson.loads(r.value)
+            return n / (time.perf_counter() - t0), n
+        finally:
+            await c.stop()
+
+    async def stop(self) -> None:
+        await stop_services(list(reversed(self.procs)), grace_s=30)
+
+
+async def _run(
+    bootstrap: str,
+    res: BenchResult,
+    workdir: Path,
+    warmup: float,
+    seconds: float,
+    xid_every: float,
+    job_nodes: int,
+    profile: bool,
+    echo: Any,
+) -> None:
+    b = _Bench(bootstrap, res, workdir, job_nodes, profile)
+    await create_topics(bootstrap, b.prefix)
+    echo(f"topics {b.prefix}*; starting {', '.join(res.services)}")
+    ctx = mp.get_context("spawn")
+    load: Any = None
+    sent, behind = ctx.Value("q", 0), ctx.Value("d", 0.0)
+    try:
+        await b.start_services()
+        await b.publish_jobs()
+        await asyncio.sleep(2)
+        ready = asyncio.Event()
+        tasks = [asyncio.create_task(b.monitor()), asyncio.create_task(b.read_outputs(ready))]
+        await ready.wait()
+        t_start = time.time() + 1.0
+        t_measure0, t_end = t_start + warmup, t_start + warmup + seconds
+        load = ctx.Process(
+            target=_load_main,
+            args=(bootstrap, b.t("gpu.samples"), b.node_names, res.gpus, res.hz, t_end, sent, behind),
+            daemon=True,
+        )
+        load.start()
+        echo(
+            f"load: {res.nodes} nodes x {res.gpus} GPUs at {res.hz} Hz; warm-up {warmup:.0f} s, measure {seconds:.0f} s"
+        )
+        await asyncio.sleep(max(0.0, t_measure0 - time.time()))
+        await b.inject_xids(t_end, xid_every)
+        await asyncio.sleep(max(0.0, t_end - time.time()))
+        res.t_measure = (t_measure0, t_end)
+        await asyncio.to_thread(load.join, 60)
+        res.offered_node_samples, res.producer_behind_s = int(sent.value), float(behind.value)
+        # drain: wait (bounded) until every group caught up and XIDs were answered
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            await asyncio.sleep(1)
+            lags = [s.lag[-1][1] for s in res.series.values() if s.lag]
+            if lags and max(lags) == 0 and len(res.drain_seen) >= len(res.xid_sent_node):
+                res.drained_after_s = time.time() - t_end
+                break
+        b.stop_monitor.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        echo("raw aiokafka consume of the same gpu.samples topic ...")
+        res.raw_rate, res.raw_messages = await b.raw_consume(decode=False)
+        res.raw_json_rate, _ = await b.raw_consume(decode=True)
+    finally:
+        b.stop_monitor.set()
+        if load is not None and load.is_alive():
+            load.terminate()
+            load.join(10)
+        await b.stop()
+        dead = [p.name for p in b.procs if p.proc is not None and p.proc.returncode not in (0, None)]
+        if dead:
+            echo(f"note: exit codes != 0: {dead} (logs in {workdir / 'logs'})")
+    prof = workdir / "correlator.prof"
+    if profile and prof.exists():
+        out = StringIO()
+        st = pstats.Stats(str(prof), stream=out)
+        st.sort_stats("tottime").print_stats(25)
+        st.sort_stats("cumulative").print_stats(40)
+        res.profile = out.getvalue()
+
+
+def _fmt(x: float | None, unit: str = "", spec: str = ",.0f") -> str:
+    return "n/a" if x is None else f"{x:{spec}}{unit}"
+
+
+def report(res: BenchResult) -> list[str]:
+    """The figures as printable lines."""
+    t0, t1 = res.t_measure
+    g = res.gpus
+    lines = [f"services in the path: load generator (stands in for collectors) -> {' -> '.join(res.services)}"]
+    offered = res.nodes * g * res.hz
+    lines.append(
+        f"offered: {offered:,.0f} GPU samples/s ({res.nodes} nodes x {g} GPUs x {res.hz} Hz); "
+        f"produced {res.offered_node_samples:,} NodeSamples, producer worst lateness {res.producer_behind_s:.2f} s"
+    )
+    rates: dict[str, float | None] = {}
+    for svc, s in res.series.items():
+        r = rate(s.committed, t0, t1)
+        rates[svc] = r * g if r is not None else None
+        lines.append(
+            f"  {svc:<11} {_fmt(rates[svc])} GPU samples/s committed during the measured window; "
+            f"max lag {_fmt(s.max_lag(t0, t1))} msgs (window), {_fmt(s.max_lag())} msgs (whole run), "
+            f"lag at end of load {_fmt(s.lag_at(t1))}"
+        )
+    core = [v for k, v in rates.items() if k in ("correlator", "detector")]
+    pipe = min((v for v in core if v is not None), default=None)
+    lines.append(f"pipeline (min of correlator, detector): {_fmt(pipe)} GPU samples/s   [target >= 25,000]")
+    if "otlp-bridge" in rates:
+        lines.append(f"  with otlp-bridge: {_fmt(min((v for v in rates.values() if v is not None), default=None))}")
+    lines.append(
+        f"drained (all lag 0, all drains decided) {_fmt(res.drained_after_s, ' s', '.1f')} after the load ended"
+    )
+    f = summarise_latencies(res.xid_sent, res.failure_seen)
+    d = summarise_latencies(res.xid_sent_node, res.drain_seen)
+    lines.append(
+        f"XID -> failures: n={f['n']} missing={f['missing']} p50 {_fmt(f['p50_s'], ' s', '.3f')} "
+        f"p99 {_fmt(f['p99_s'], ' s', '.3f')} max {_fmt(f['max_s'], ' s', '.3f')}   [target p99 <= 1 s]"
+    )
+    lines.append(
+        f"XID -> remediations: n={d['n']} missing={d['missing']} p50 {_fmt(d['p50_s'], ' s', '.3f')} "
+        f"p99 {_fmt(d['p99_s'], ' s', '.3f')} max {_fmt(d['max_s'], ' s', '.3f')} decisions {res.decisions}"
+        "   [target p99 <= 2 s]"
+    )
+    raw = res.raw_rate * g if res.raw_rate else None
+    rawj = res.raw_json_rate * g if res.raw_json_rate else None
+    lines.append(
+        f"raw aiokafka consume of gpu.samples ({res.raw_messages:,} msgs): {_fmt(raw)} GPU samples/s bytes only, "
+        f"{_fmt(rawj)} with orjson.loads"
+    )
+    r1, r2 = ratio(pipe, raw), ratio(pipe, rawj)
+    lines.append(f"ratio pipeline/raw: {_fmt(r1, '', '.3f')} (bytes), {_fmt(r2, '', '.3f')} (orjson)")
+    return lines
+
+
+def pipeline(
+    nodes: Annotated[int, typer.Option(help="Nodes, one NodeSample per node per tick")] = 3125,
+    gpus: Annotated[int, typer.Option(help="GPUs per node")] = 8,
+    hz: Annotated[float, typer.Option(help="Ticks per second per node")] = 1.0,
+    seconds: Annotated[float, typer.Option(help="Measured window, s (XIDs injected during it)")] = 60.0,
+    warmup: Annotated[float, typer.Option(help="Load before the measured window, s")] = 15.0,
+    xid_every: Annotated[float, typer.Option(help="One XID every this many s during the window")] = 0.5,
+    job_nodes: Annotated[int, typer.Option(help="Nodes per job (one JobState each)")] = 16,
+    broker: Annotated[
+        BrokerKind, typer.Option(help="kafka (deploy/kafka.sh or --bootstrap) or tansu")
+    ] = BrokerKind.kafka,
+    bootstrap: Annotated[
+        str | None, typer.Option(help="Existing Kafka; default $GPUWARDEN_BOOTSTRAP_SERVERS, else deploy/kafka.sh")
+    ] = None,
+    bridge: Annotated[bool, typer.Option(help="Run the otlp-bridge in the path too")] = True,
+    profile: Annotated[bool, typer.Option(help="Run the correlator under cProfile and print the top")] = False,
+    keep: Annotated[bool, typer.Option(help="Keep the work dir (logs, profile)")] = False,
+) -> None:
+    """Sustained GPU samples/s through correlator -> detector (-> otlp-bridge) with consumer lag,
+    XID -> failure and XID -> drain-decision latency under that load, and a raw aiokafka consume
+    of the same topic in the same run (DESIGN section 9)."""
+    workdir = Path(tempfile.mkdtemp(prefix="gpuwarden-bench-pipeline-"))
+    services = ["correlator", "detector", *(["otlp-bridge"] if bridge else []), "remediator"]
+    res = BenchResult(nodes=nodes, gpus=gpus, hz=hz, services=services)
+    kafka: ApacheKafka | None = None
+    tansu: TansuBroker | None = None
+    try:
+        if broker is BrokerKind.tansu:
+            tansu = TansuBroker(log_path=workdir / "broker.log")
+            bs = tansu.start()
+        else:
+            bs = bootstrap or os.environ.get("GPUWARDEN_BOOTSTRAP_SERVERS") or ""
+            if not bs:
+                script = Path(__file__).resolve().parents[3] / "deploy" / "kafka.sh"
+                if not ApacheKafka.available(script):
+                    raise typer.BadParameter("no --bootstrap, and deploy/kafka.sh cannot start Kafka (java missing?)")
+                kafka = ApacheKafka(script, workdir / "kafka")
+                typer.echo("starting Apache Kafka (deploy/kafka.sh) ...")
+                bs = kafka.start()
+        typer.echo(f"broker {broker.value} at {bs}; work dir {workdir}")
+        asyncio.run(_run(bs, res, workdir, warmup, seconds, xid_every, job_nodes, profile, typer.echo))
+        for line in report(res):
+            typer.echo(line)
+        if res.profile:
+            typer.echo("--- correlator cProfile ---")
+            typer.echo(res.profile)
+    finally:
+        if kafka is not None:
+            kafka.stop()
+        if tansu is not None:
+            tansu.stop()
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
