@@ -353,6 +353,17 @@ def prometheus(bridge_metrics_port: tuple[OtlpBridge, int], tmp_path: Path) -> I
     )  # fmt: skip
     try:
         wait_port(port, 30)
+        deadline = time.monotonic() + 60  # the port opens before the TSDB is ready (503 until then)
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=5) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"prometheus not ready: {(tmp_path / 'prometheus.log').read_text()[-2000:]}")
+            time.sleep(0.2)
         yield port
     finally:
         proc.terminate()
