@@ -33,7 +33,7 @@ from gpuwarden.shared.scenario import Scenario, ScenarioClock
 from gpuwarden.shared.slurm.simulated import SimulatedSlurm
 from gpuwarden.slurm_watcher.service import SlurmWatcher, SlurmWatcherSettings
 
-from .runner import score
+from .runner import failure_row, score
 
 __all__ = ["InProcessResult", "SteppedClock", "run_inprocess"]
 
@@ -64,21 +64,7 @@ class InProcessResult:
         return {
             "scenario": self.scenario.name,
             "runner": "in-process",
-            "failures": [
-                {
-                    "pattern": f.pattern,
-                    "rule_id": f.rule_id,
-                    "node": f.node,
-                    "gpu_index": f.gpu_index,
-                    "job_id": f.job_id,
-                    "first_seen_s": round(f.first_seen - self.sim_start, 3),
-                    "severity": f.severity.value,
-                    "recommended_action": f.recommended_action.value,
-                    "state": f.state.value,
-                    "evidence": [e.model_dump(mode="json") for e in f.evidence],
-                }
-                for f in fails
-            ],
+            "failures": [failure_row(f, self.sim_start) for f in fails],
             "remediations": [],
             "score": score(self.scenario, fails, self.sim_start),
             "stats": {**self.counts, "cpu_s": round(self.cpu_s, 3)},

@@ -102,23 +102,7 @@ class RunResult:
         first_wall = min(self.failure_seen_wall.values(), default=None)
         return {
             "scenario": self.scenario.name,
-            "failures": [
-                {
-                    "pattern": f.pattern,
-                    "rule_id": f.rule_id,
-                    "node": f.node,
-                    "gpu_index": f.gpu_index,
-                    "job_id": f.job_id,
-                    "first_seen_s": round(f.first_seen - self.sim_start, 3),
-                    "severity": f.severity.value,
-                    "recommended_action": f.recommended_action.value,
-                    "evidence": [e.model_dump(mode="json") for e in f.evidence],
-                    "failure_id": f.failure_id,
-                    "verdict": f.verdict,
-                    "cost": f.cost.model_dump(mode="json"),
-                }
-                for f in fails
-            ],
+            "failures": [failure_row(f, self.sim_start) for f in fails],
             "remediations": [
                 {
                     "node": r.node,
@@ -141,6 +125,25 @@ class RunResult:
                 "service_ready_s": self.ready_s,
             },
         }
+
+
+def failure_row(f: Failure, sim_start: float) -> dict[str, Any]:
+    """One failure as the DESIGN section 6 report lists it (``first_seen_s`` since scenario start)."""
+    return {
+        "pattern": f.pattern,
+        "rule_id": f.rule_id,
+        "node": f.node,
+        "gpu_index": f.gpu_index,
+        "job_id": f.job_id,
+        "first_seen_s": round(f.first_seen - sim_start, 3),
+        "severity": f.severity.value,
+        "recommended_action": f.recommended_action.value,
+        "state": f.state.value,
+        "evidence": [e.model_dump(mode="json") for e in f.evidence],
+        "failure_id": f.failure_id,
+        "verdict": f.verdict,
+        "cost": f.cost.model_dump(mode="json"),
+    }
 
 
 def _drain_reason(r: Remediation) -> str:

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from gpuwarden.shared.models import PATTERNS, Action, Category, Severity
 
-from .conditions import ConditionRule, CostModel, check_template
+from .conditions import ConditionRule, CostModel, RuleBase
 
 __all__ = [
     "PATTERNS",
@@ -63,37 +63,11 @@ class Match(_Strict):
         return self
 
 
-class Rule(_Strict):
-    id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
-    pattern: str
-    category: Category
-    severity: Severity
+class Rule(RuleBase):
+    """An event rule: which XID/SXID events it matches and how repeats fold into an episode."""
+
     match: Match
     burst_window_s: float = Field(180, gt=0, description="Repeats within this window (s) update one failure")
-    action: Action
-    cost: CostModel = CostModel()
-    verdict: str
-    cannot_determine: list[str] = Field(default_factory=list)
-    source: str | None = None
-
-    @field_validator("pattern")
-    @classmethod
-    def _pattern(cls, v: str) -> str:
-        if v not in PATTERNS:
-            raise ValueError(f"unknown pattern {v!r} (DESIGN section 5 lists the canonical ones)")
-        return v
-
-    @field_validator("action")
-    @classmethod
-    def _action(cls, v: Action) -> Action:
-        if v is Action.RESUME:
-            raise ValueError("resume is the remediator's own action, not a recommendation")
-        return v
-
-    @field_validator("verdict")
-    @classmethod
-    def _template(cls, v: str) -> str:
-        return check_template(v)
 
 
 class XidEntry(_Strict):

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpuwarden.shared.models import PATTERNS, Action, Category, Evidence, GpuSample, JobWindow, Severity
 
-__all__ = ["ConditionRule", "CostModel", "Reading", "Tracker", "evaluate_gpu", "evaluate_job"]
+__all__ = ["ConditionRule", "CostModel", "Reading", "RuleBase", "Tracker", "evaluate_gpu", "evaluate_job"]
 
 
 class _S(BaseModel):
@@ -226,16 +226,14 @@ def check_template(v: str) -> str:
     return v
 
 
-class ConditionRule(_S):
-    """A condition: a signal that must hold ``for_s`` to open and clear ``resolve_after_s`` to resolve."""
+class RuleBase(_S):
+    """What every catalog rule has: identity, the canonical pattern, severity, the
+    recommended action, the cost scope, a verdict template and what the data cannot tell."""
 
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
     pattern: str
     category: Category
     severity: Severity
-    signal: Signal
-    for_s: float = Field(30, ge=0, description="Unhealthy this long (event time) before the failure opens, s")
-    resolve_after_s: float = Field(60, ge=0, description="Healthy this long before it resolves, s")
     action: Action
     cost: CostModel = CostModel()
     verdict: str
@@ -246,13 +244,28 @@ class ConditionRule(_S):
     @classmethod
     def _pattern(cls, v: str) -> str:
         if v not in PATTERNS:
-            raise ValueError(f"unknown pattern {v!r}")
+            raise ValueError(f"unknown pattern {v!r} (DESIGN section 5 lists the canonical ones)")
+        return v
+
+    @field_validator("action")
+    @classmethod
+    def _action(cls, v: Action) -> Action:
+        if v is Action.RESUME:
+            raise ValueError("resume is the remediator's own action, not a recommendation")
         return v
 
     @field_validator("verdict")
     @classmethod
     def _verdict(cls, v: str) -> str:
         return check_template(v)
+
+
+class ConditionRule(RuleBase):
+    """A condition: a signal that must hold ``for_s`` to open and clear ``resolve_after_s`` to resolve."""
+
+    signal: Signal
+    for_s: float = Field(30, ge=0, description="Unhealthy this long (event time) before the failure opens, s")
+    resolve_after_s: float = Field(60, ge=0, description="Healthy this long before it resolves, s")
 
     @property
     def scope(self) -> str:
