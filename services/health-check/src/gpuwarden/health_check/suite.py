@@ -46,12 +46,18 @@ def _in_thread(fn: object, *args: object) -> asyncio.Future[CheckResult]:
             else:
                 fut.set_result(res)  # type: ignore[arg-type]
 
+        def deliver(res: CheckResult | None, err: BaseException | None) -> None:
+            try:
+                loop.call_soon_threadsafe(settle, res, err)
+            except RuntimeError:
+                pass  # the run that waited is over (this check was abandoned past its budget)
+
         try:
             res = fn(*args)  # type: ignore[operator]
         except BaseException as exc:
-            loop.call_soon_threadsafe(settle, None, exc)
+            deliver(None, exc)
         else:
-            loop.call_soon_threadsafe(settle, res, None)
+            deliver(res, None)
 
     threading.Thread(target=target, daemon=True, name="health-check").start()
     return fut
