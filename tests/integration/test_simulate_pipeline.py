@@ -25,8 +25,13 @@ GPUWARDEN = str(Path(sys.executable).with_name("gpuwarden"))
 def test_scenario_through_the_real_pipeline_matches_in_process(name: str, tmp_path: Path) -> None:
     report = tmp_path / "report.json"
     env = {k: v for k, v in os.environ.items() if k != "GPUWARDEN_BOOTSTRAP_SERVERS"}
-    proc = subprocess.run([GPUWARDEN, "simulate", str(SUITE / f"{name}.yaml"), "--speed", "10", "--no-live",
-                           "--report", str(report)], env=env, capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(
+        [GPUWARDEN, "simulate", str(SUITE / f"{name}.yaml"), "--speed", "10", "--no-live", "--report", str(report)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     rep = json.loads(report.read_text())
     assert rep["score"]["passed"] and rep["stats"]["deadlettered"] == 0

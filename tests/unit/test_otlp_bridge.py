@@ -310,8 +310,9 @@ def test_driver_version_sent_on_change_stays_on_the_series() -> None:
     from gpuwarden.shared.models import AttributedSample, GpuSample, NodeSample
 
     store = LatestStore()
-    first = NodeSample(node="n1", ts=1.0, collector_id="c", source="t", gpus=[GpuSample(index=0)],
-                       driver_version="535.183.01")
+    first = NodeSample(
+        node="n1", ts=1.0, collector_id="c", source="t", gpus=[GpuSample(index=0)], driver_version="535.183.01"
+    )
     store.update_sample(AttributedSample(sample=first))
     later = first.model_copy(update={"ts": 2.0, "driver_version": None})
     store.update_sample(AttributedSample(sample=later))
