@@ -109,7 +109,9 @@ def test_gpu_condition_fires_after_for_s_and_not_before(pattern: str) -> None:
     assert pattern in patterns(fired), patterns(fired)
     f = next(f for f in fired if f.pattern == pattern)
     assert (f.node, f.gpu_index, f.job_id) == ("gpu-node-001", 3, "77")
-    assert f.first_seen == T0 + 10 and f.evidence and f.verdict
+    # first_seen is the detection time: the onset (10 s) plus the rule's for_s; the evidence
+    # starts at the onset
+    assert f.first_seen == T0 + 10 + for_s and f.evidence[0].ts == T0 + 10 and f.verdict
     if for_s:
         assert pattern not in patterns(run(mutate, 10 + for_s - 2))  # a near miss stays quiet
 
@@ -183,7 +185,7 @@ def test_gpu_missing_when_a_gpu_drops_out_and_resolves_when_it_returns() -> None
     assert states == [("gpu-missing", FailureState.OPEN), ("gpu-missing", FailureState.RESOLVED)]
     opened = next(f for f in out if f.state is FailureState.OPEN)
     resolved = next(f for f in out if f.state is FailureState.RESOLVED)
-    assert opened.failure_id == resolved.failure_id and opened.first_seen == T0 + 20
+    assert opened.failure_id == resolved.failure_id and opened.first_seen == T0 + 20 + 10  # onset + for_s
 
 
 def test_telemetry_silent_node_while_others_report() -> None:

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from gpuwarden.shared.scenario import load_scenario
@@ -61,10 +62,16 @@ def detect(
     if not files:
         console.print(f"[red]error:[/] no scenario files matching {pattern} in {folder}")
         raise typer.Exit(2)
-    reports, failed = [], []
+    reports: list[dict[str, Any]] = []
+    failed: list[tuple[str, dict[str, Any]]] = []
     t0 = time.perf_counter()
     for path in files:
-        sc = load_scenario(path)
+        try:
+            sc = load_scenario(path)
+        except (OSError, ValueError) as exc:
+            console.print(f"[red]FAIL[/] {path.name}: {escape(str(exc))}")
+            failed.append((path.name, {"missed": [], "false_positives": [], "error": str(exc)}))
+            continue
         if pipeline:
             from .runner import Pipeline
 
@@ -123,6 +130,15 @@ def detect(
         f"overall: recall {tp / (tp + fn) if tp + fn else 1:.3f}, precision {tp / (tp + fp) if tp + fp else 1:.3f} "
         f"({tp} found, {fn} missed, {fp} false positives)"
     )
-    for name, sc in failed:
-        console.print(f"[red]{name}[/]: missed {sc['missed']} false positives {sc['false_positives']}")
+    for name, res in failed:
+        if "error" in res:
+            continue
+        missed = ", ".join(f"{m['pattern']}@{m.get('node', '*')}/gpu {m.get('gpu', '*')}" for m in res["missed"]) or "-"
+        fps = ", ".join(f"{f['pattern']}@{f['node']}/gpu {f['gpu_index']}" for f in res["false_positives"]) or "-"
+        console.print(f"[red]{name}[/]: missed {escape(missed)}; false positives {escape(fps)}")
+    if any(res["false_positives"] for _, res in failed if "error" not in res):
+        console.print(
+            "hint: a pattern that is a consequence of the injected fault (a throttled GPU is also a "
+            "straggler) belongs under the scenario's allow: list"
+        )
     raise typer.Exit(1 if failed else 0)

@@ -58,7 +58,12 @@ def _view(p: Pipeline) -> Group:
 def _failure_panel(f: Failure, sim_start: float) -> Panel:
     g = Table.grid(padding=(0, 2))
     g.add_row("pattern", f"[bold red]{f.pattern}[/] ({f.rule_id}, {f.severity.value})")
-    g.add_row("where", escape(f"node {f.node}, GPU {f.gpu_index} (PCI {f.pci_bus_id}, {f.gpu_uuid or 'uuid unknown'})"))
+    where = (
+        f"node {f.node}, GPU {f.gpu_index} (PCI {f.pci_bus_id or 'unknown'}, {f.gpu_uuid or 'uuid unknown'})"
+        if f.gpu_index is not None
+        else f"node {f.node} (node-wide)"
+    )
+    g.add_row("where", escape(where))
     g.add_row("job", f"{f.job_id} user {f.user} partition {f.partition}" if f.job_id else "none")
     g.add_row("first seen", f"t={f.first_seen - sim_start:.1f} s into the scenario")
     g.add_row("verdict", escape(f.verdict))
@@ -108,10 +113,16 @@ async def _run(
     console.print()
     for f in sorted(p.result.failures.values(), key=lambda f: f.first_seen):
         console.print(_failure_panel(f, p.result.sim_start))
+    seen: dict[tuple[str, str, str, str], int] = {}
     for r in p.result.remediations:
+        k = (r.decision.value, r.action.value, r.node, r.reason)
+        seen[k] = seen.get(k, 0) + 1
+    for r in {(r.decision.value, r.action.value, r.node, r.reason): r for r in p.result.remediations}.values():
+        n = seen[(r.decision.value, r.action.value, r.node, r.reason)]
         colour = "green" if r.decision.value in ("executed", "dry-run") else "yellow"
         body = f"[{colour}]{r.decision.value}[/] {r.action.value} {escape(r.node)}: {escape(r.reason)}"
-        console.print(Panel(f"{body}\nargv: {escape(str(r.argv))}", title="drain decision"))
+        times = f" (x{n}: one per failure update)" if n > 1 else ""
+        console.print(Panel(f"{body}{times}\nargv: {escape(str(r.argv))}", title="drain decision"))
     sc = rep["score"]
     ttf = rep["stats"]["time_to_first_failure_s"]
     console.print(
@@ -154,13 +165,18 @@ def _go(
         console.print("[yellow]interrupted: services stopped[/]")
         raise typer.Exit(130) from None
     except (RuntimeError, OSError) as exc:
-        console.print(f"\n[red]error:[/] {escape(str(exc))}\nservice logs in {p.workdir / 'logs'}")
+        logs = p.workdir / "logs"
+        console.print(f"\n[red]error:[/] {escape(str(exc))}" + (f"\nservice logs in {logs}" if logs.exists() else ""))
         raise typer.Exit(1) from exc
     raise typer.Exit(rc)
 
 
 Bootstrap = Annotated[
-    str | None, typer.Option(envvar="GPUWARDEN_BOOTSTRAP_SERVERS", help="Use this Kafka instead of the embedded broker")
+    str | None,
+    typer.Option(
+        help="Use this Kafka (host:port) instead of the embedded broker; GPUWARDEN_BOOTSTRAP_SERVERS "
+        "is deliberately not read here, so a shell set up for the services still gets its own broker"
+    ),
 ]
 
 

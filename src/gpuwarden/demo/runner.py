@@ -201,12 +201,20 @@ def score(scenario: Scenario, failures: list[Failure], sim_start: float) -> dict
 
 
 def _origin(scenario: Scenario, exp: Any) -> float:
-    for fault in scenario.faults:
+    """Where ``within_s`` counts from: the first fault on the expected node (and GPU); else the
+    first fault on any node of the expected job (a job-level failure is reported on the job's
+    first node); else, for patterns that come from a job's profile, the job's start."""
+    faults = sorted(scenario.faults, key=lambda f: f.at_s)
+    for fault in faults:
         if exp.node in (None, fault.node) and (exp.gpu is None or fault.gpu in (None, exp.gpu)):
             return fault.at_s
-    for job in scenario.jobs:
-        if exp.job is not None and str(job.id) == str(exp.job):
-            return job.start_s
+    jobs = [j for j in scenario.jobs if exp.job is not None and str(j.id) == str(exp.job)]
+    for job in jobs:
+        nodes = set(job.node_list())
+        for fault in faults:
+            if fault.node in nodes:
+                return fault.at_s
+        return job.start_s
     return 0.0
 
 

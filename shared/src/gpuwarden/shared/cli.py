@@ -155,7 +155,10 @@ def _parse_command(name: str, ep_value: object) -> None:
                 return vars(o)
             raise TypeError
 
-        sys.stdout.buffer.write(orjson.dumps(result, default=default, option=orjson.OPT_INDENT_2) + b"\n")
+        opts = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS
+        sys.stdout.buffer.write(orjson.dumps(result, default=default, option=opts) + b"\n")
+        if getattr(result, "error", None) is True or (isinstance(result, dict) and result.get("error") is True):
+            raise typer.Exit(1)  # a typed error result (the tool reported a failure): JSON above, exit 1
 
     doc = getattr(ep_value, "value", name)
     run.__doc__ = f"Parse {name} output ({doc})."

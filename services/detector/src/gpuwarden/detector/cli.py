@@ -39,7 +39,26 @@ def check_catalog(path: Annotated[Path | None, typer.Argument(help="Catalog YAML
     except (CatalogError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
-    t = Table("rule", "pattern", "match", "severity", "action")
+    t = Table("rule", "pattern", "when", "severity", "action", title="event rules")
     for r in cat.rules:
-        t.add_row(r.id, r.pattern, f"{r.match.event} {r.match.codes}", r.severity.value, r.action.value)
-    Console().print(t)
+        codes = ",".join(str(c) for c in r.match.codes) or "any"
+        fatal = "" if r.match.fatal is None else (" fatal" if r.match.fatal else " non-fatal")
+        t.add_row(r.id, r.pattern, f"{r.match.event} {codes}{fatal}", r.severity.value, r.action.value)
+    c = Table("rule", "pattern", "signal", "for / resolve (s)", "severity", "action", title="conditions")
+    for cr in cat.conditions:
+        c.add_row(
+            cr.id,
+            cr.pattern,
+            f"{cr.scope}: {cr.signal.type}",
+            f"{cr.for_s:g} / {cr.resolve_after_s:g}",
+            cr.severity.value,
+            cr.action.value,
+        )
+    console = Console(width=None if Console().is_terminal else 140)
+    console.print(t)
+    console.print(c)
+    patterns = {e.pattern for e in cat.xid_table.values()}
+    console.print(
+        f"XID table: {len(cat.xid_table)} codes without a rule of their own -> {len(patterns)} patterns "
+        "(unknown codes -> xid-other)"
+    )

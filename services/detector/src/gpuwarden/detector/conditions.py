@@ -550,12 +550,14 @@ class Tracker:
             if self.bad_since is None:
                 self.bad_since = ts
                 self.evidence = []
-            if len(self.evidence) < 5 or not self.opened:
-                self.evidence = [*self.evidence[-4:], reading.evidence(ts, source)]
+            # evidence: the onset reading and the four latest
+            self.evidence = [*self.evidence[:1], *self.evidence[1:][-3:], reading.evidence(ts, source)]
             self.occurrences += 1
             self.last_seen = ts
             if not self.opened and ts - self.bad_since >= rule.for_s:
-                self.opened, self.first_seen = True, self.bad_since
+                # first_seen is when the condition is confirmed (held for_s): the detection time;
+                # the evidence keeps the readings from its onset on
+                self.opened, self.first_seen = True, ts
                 return "open"
             return "update" if self.opened else None
         if not self.opened:
