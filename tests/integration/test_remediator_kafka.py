@@ -10,28 +10,17 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from kafkatools import read
 
+from factories import make_failure
 from gpuwarden.remediator import Remediator, RemediatorSettings
-from gpuwarden.shared.models import Action, Category, CostEstimate, Failure, NodeState, Remediation, Severity
+from gpuwarden.shared.models import Failure, NodeState, Remediation, Severity
 from gpuwarden.shared.slurm.simulated import FakeSlurm
 
 pytestmark = pytest.mark.integration
 
 
 def failure() -> Failure:
-    return Failure(
-        failure_id="f1",
-        pattern="gpu-fallen-off-bus",
-        rule_id="xid-79-fallen-off-bus",
-        category=Category.HARDWARE,
-        severity=Severity.FATAL,
-        node="gpu-node-001",
-        gpu_index=0,
-        first_seen=10.0,
-        last_seen=10.0,
-        verdict="v",
-        recommended_action=Action.DRAIN,
-        cost=CostEstimate(affected_gpus=1, usd_per_hour=3.26, gpu_hours_lost=0),
-    )
+    return make_failure(rule_id="xid-79-fallen-off-bus", severity=Severity.FATAL, node="gpu-node-001", gpu_index=0,
+                        verdict="v", affected_gpus=1, usd_per_hour=3.26)  # fmt: skip
 
 
 async def test_remediator_dead_letters_and_survives(bus_env: dict[str, str]) -> None:

@@ -10,28 +10,17 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from kafkatools import read
 
+from factories import make_failure
 from gpuwarden.remediator import Remediator, RemediatorSettings
-from gpuwarden.shared.models import Action, Category, CostEstimate, Failure, NodeState, Remediation, Severity
+from gpuwarden.shared.models import Failure, NodeState, Remediation, Severity
 from gpuwarden.shared.slurm.simulated import FakeSlurm
 
 pytestmark = pytest.mark.integration
 
 
 def failure(fid: str = "f-lease-1") -> Failure:
-    return Failure(
-        failure_id=fid,
-        pattern="gpu-fallen-off-bus",
-        rule_id="xid-79-fallen-off-bus",
-        category=Category.HARDWARE,
-        severity=Severity.FATAL,
-        node="gpu-node-002",
-        gpu_index=1,
-        first_seen=10.0,
-        last_seen=10.0,
-        verdict="GPU 1 fell off the bus",
-        recommended_action=Action.DRAIN,
-        cost=CostEstimate(affected_gpus=8, usd_per_hour=26.08, gpu_hours_lost=0),
-    )
+    return make_failure(failure_id=fid, rule_id="xid-79-fallen-off-bus", severity=Severity.FATAL,
+                        node="gpu-node-002", gpu_index=1, verdict="GPU 1 fell off the bus")  # fmt: skip
 
 
 async def _until(pred, timeout_s: float = 30.0) -> bool:  # type: ignore[no-untyped-def]

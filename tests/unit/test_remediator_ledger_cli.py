@@ -8,6 +8,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from factories import make_failure
 from gpuwarden.remediator import (
     Alerter,
     LeaseBoard,
@@ -18,7 +19,7 @@ from gpuwarden.remediator import (
 )
 from gpuwarden.remediator.cli import app
 from gpuwarden.shared.bus import MemoryPublisher
-from gpuwarden.shared.models import Action, Category, CostEstimate, Failure, NodeState, Severity
+from gpuwarden.shared.models import Failure, NodeState, Severity
 from gpuwarden.shared.models import RemediationDecision as D
 from gpuwarden.shared.slurm import FakeSlurm
 
@@ -31,11 +32,8 @@ class Prod(MemoryPublisher):
 
 
 def failure(node: str, fid: str) -> Failure:
-    return Failure(
-        failure_id=fid, pattern="gpu-fallen-off-bus", rule_id="xid-79", category=Category.HARDWARE,
-        severity=Severity.FATAL, node=node, gpu_index=0, first_seen=NOW, last_seen=NOW, verdict="v",
-        recommended_action=Action.DRAIN, cost=CostEstimate(affected_gpus=1, usd_per_hour=3.0, gpu_hours_lost=0),
-    )  # fmt: skip
+    return make_failure(failure_id=fid, node=node, severity=Severity.FATAL, gpu_index=0, first_seen=NOW,
+                        last_seen=NOW, verdict="v", affected_gpus=1, usd_per_hour=3.0)  # fmt: skip
 
 
 def make(ledger: Path, **kw: object) -> tuple[Remediator, FakeSlurm, MemoryAlertSink]:

@@ -6,12 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from factories import make_failure
 from gpuwarden.remediator.policy import History, PolicyConfig, decide
 from gpuwarden.remediator.policy_file import DEFAULT_POLICY, PolicyAction, PolicyError, load_policy
 from gpuwarden.shared.models import (
     Action,
-    Category,
-    CostEstimate,
     Evidence,
     Failure,
     NodeState,
@@ -20,26 +19,15 @@ from gpuwarden.shared.models import (
 from gpuwarden.shared.models import RemediationDecision as D
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "remediator"
+
 NOW = 2_000_000.0
 
 
 def failure(pattern: str = "gpu-fallen-off-bus", fid: str = "f1", **kw: object) -> Failure:
-    base: dict[str, object] = dict(
-        failure_id=fid,
-        pattern=pattern,
-        rule_id="r",
-        category=Category.HARDWARE,
-        severity=Severity.CRITICAL,
-        node="gpu-node-003",
-        gpu_index=1,
-        first_seen=NOW - 5,
-        last_seen=NOW - 1,
-        verdict="v",
-        recommended_action=Action.DRAIN,
-        cost=CostEstimate(affected_gpus=1, usd_per_hour=3.0, gpu_hours_lost=0),
-    )
-    base.update(kw)
-    return Failure.model_validate(base)
+    return make_failure(
+        failure_id=fid, pattern=pattern, rule_id="r", node="gpu-node-003", gpu_index=1, first_seen=NOW - 5,
+        last_seen=NOW - 1, verdict="v", affected_gpus=1, usd_per_hour=3.0, **kw,
+    )  # fmt: skip
 
 
 def cluster(partition: str = "gpu") -> list[NodeState]:

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from factories import make_failure, node_states
 from gpuwarden.remediator import Remediator, RemediatorSettings, resume_node
 from gpuwarden.shared.bus import MemoryPublisher
 from gpuwarden.shared.models import (
     Action,
-    Category,
-    CostEstimate,
     Failure,
     NodeState,
     Remediation,
-    Severity,
 )
 from gpuwarden.shared.models import (
     RemediationDecision as D,
@@ -24,37 +22,11 @@ NOW = 2_000_000.0
 
 
 def failure(node: str = "gpu-node-002", fid: str = "f1", **kw: object) -> Failure:
-    base: dict[str, object] = dict(
-        failure_id=fid,
-        pattern="gpu-fallen-off-bus",
-        rule_id="xid-79",
-        category=Category.HARDWARE,
-        severity=Severity.CRITICAL,
-        node=node,
-        gpu_index=3,
-        first_seen=NOW - 5,
-        last_seen=NOW - 1,
-        verdict="GPU 3 fell off the bus",
-        recommended_action=Action.DRAIN,
-        cost=CostEstimate(affected_gpus=8, usd_per_hour=26.08, gpu_hours_lost=0.1),
-    )
-    base.update(kw)
-    return Failure.model_validate(base)
+    return make_failure(failure_id=fid, node=node, first_seen=NOW - 5, last_seen=NOW - 1, gpu_hours_lost=0.1, **kw)
 
 
 def nodes(n: int, drained: dict[str, str] | None = None) -> list[NodeState]:
-    drained = drained or {}
-    return [
-        NodeState(
-            node=f"gpu-node-{i:03d}",
-            ts=NOW,
-            state="IDLE",
-            flags=["DRAIN"] if f"gpu-node-{i:03d}" in drained else [],
-            reason=drained.get(f"gpu-node-{i:03d}"),
-            reason_user="root" if f"gpu-node-{i:03d}" in drained else None,
-        )
-        for i in range(1, n + 1)
-    ]
+    return node_states(n, NOW, drained)
 
 
 class MemProducer(MemoryPublisher):
