@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -163,6 +164,24 @@ def _parse_command(name: str, ep_value: object) -> None:
     doc = getattr(ep_value, "value", name)
     run.__doc__ = f"Parse {name} output ({doc})."
     parse_app.command(name)(run)
+
+
+def service_app(help: str, run_help: str, factory: Callable[[], Any]) -> typer.Typer:
+    """A service's typer app: without a subcommand it runs ``factory()`` (the service, built
+    with its settings) under :func:`~gpuwarden.shared.service.run_service`; subcommands are
+    added to the returned app. ``factory`` should import lazily so ``--help`` stays fast."""
+    sub = typer.Typer(help=help, invoke_without_command=True, no_args_is_help=False)
+
+    def run(ctx: typer.Context) -> None:
+        if ctx.invoked_subcommand is not None:
+            return
+        from .service import run_service
+
+        raise typer.Exit(run_service(factory))
+
+    run.__doc__ = run_help
+    sub.callback()(run)
+    return sub
 
 
 def load_plugins() -> list[str]:

@@ -241,7 +241,7 @@ def run_service(factory: Callable[[], Lifecycle], log_level: str | None = None) 
     except KafkaError as exc:
         servers = os.environ.get("GPUWARDEN_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
         print(
-            f"error: cannot reach Kafka at {servers} ({type(exc).__name__}: {exc}); "
+            f"error: cannot reach Kafka at {servers} ({exc}); "
             "set GPUWARDEN_BOOTSTRAP_SERVERS or start one with: gpuwarden broker",
             file=sys.stderr,
         )

@@ -3,27 +3,24 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-app = typer.Typer(
-    help="Detector: attributed GPU events and samples -> failures (catalog rules).",
-    invoke_without_command=True,
-    no_args_is_help=False,
-)
+from gpuwarden.shared.cli import service_app
 
 
-@app.callback()
-def run(ctx: typer.Context) -> None:
-    """Run the detector service until SIGTERM/Ctrl-C (settings from GPUWARDEN_* variables)."""
-    if ctx.invoked_subcommand is not None:
-        return
-    from gpuwarden.shared.service import run_service
-
+def _service() -> Any:
     from .service import DetectorService, DetectorSettings
 
-    raise typer.Exit(run_service(lambda: DetectorService(DetectorSettings())))
+    return DetectorService(DetectorSettings())
+
+
+app = service_app(
+    help="Detector: attributed GPU events and samples -> failures (catalog rules).",
+    run_help="Run the detector service until SIGTERM/Ctrl-C (settings from GPUWARDEN_* variables).",
+    factory=_service,
+)
 
 
 @app.command("check-catalog")

@@ -10,23 +10,20 @@ from typing import Annotated, Any
 
 import typer
 
-app = typer.Typer(
-    help="Remediator: failures -> policy-checked Slurm drains -> remediations (audit).",
-    invoke_without_command=True,
-    no_args_is_help=False,
-)
+from gpuwarden.shared.cli import service_app
 
 
-@app.callback()
-def run(ctx: typer.Context) -> None:
-    """Run the remediator until SIGTERM/Ctrl-C (dry-run unless GPUWARDEN_REMEDIATOR_ENFORCE=true)."""
-    if ctx.invoked_subcommand is not None:
-        return
-    from gpuwarden.shared.service import run_service
-
+def _service() -> Any:
     from .service import Remediator, RemediatorSettings
 
-    raise typer.Exit(run_service(lambda: Remediator(RemediatorSettings())))
+    return Remediator(RemediatorSettings())
+
+
+app = service_app(
+    help="Remediator: failures -> policy-checked Slurm drains -> remediations (audit).",
+    run_help="Run the remediator until SIGTERM/Ctrl-C (dry-run unless GPUWARDEN_REMEDIATOR_ENFORCE=true).",
+    factory=_service,
+)
 
 
 @app.command("resume")

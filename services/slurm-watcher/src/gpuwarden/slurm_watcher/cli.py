@@ -3,26 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import typer
 
-app = typer.Typer(
-    help="Slurm watcher: job and node state changes -> slurm.jobs / slurm.nodes.",
-    invoke_without_command=True,
-    no_args_is_help=False,
-)
+from gpuwarden.shared.cli import service_app
 
 
-@app.callback()
-def run(ctx: typer.Context) -> None:
-    """Run the slurm-watcher until SIGTERM/Ctrl-C (settings from GPUWARDEN_* variables)."""
-    if ctx.invoked_subcommand is not None:
-        return
-    from gpuwarden.shared.service import run_service
-
+def _service() -> Any:
     from .service import SlurmWatcher, SlurmWatcherSettings
 
-    raise typer.Exit(run_service(lambda: SlurmWatcher(SlurmWatcherSettings())))
+    return SlurmWatcher(SlurmWatcherSettings())
+
+
+app = service_app(
+    help="Slurm watcher: job and node state changes -> slurm.jobs / slurm.nodes.",
+    run_help="Run the slurm-watcher until SIGTERM/Ctrl-C (settings from GPUWARDEN_* variables).",
+    factory=_service,
+)
 
 
 @app.command("once")
