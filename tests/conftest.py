@@ -53,7 +53,42 @@ def topic_prefix(kafka_bootstrap: str) -> str:
     """A fresh topic prefix per test, with every registered topic created (2 partitions)."""
     prefix = f"t{uuid.uuid4().hex[:8]}."
     asyncio.run(create_topics(kafka_bootstrap, prefix, partitions=2))
+    asyncio.run(_wait_for_leaders(kafka_bootstrap, prefix))
     return prefix
+
+
+async def _wait_for_leaders(bootstrap: str, prefix: str, timeout_s: float = 30.0) -> None:
+    """Wait until every partition of the new topics has a leader: a produce right after
+    CreateTopics otherwise meets NotLeaderForPartition and retries (reordering a batch)."""
+    import time
+
+    from aiokafka import AIOKafkaClient
+
+    from gpuwarden.shared.topics import TOPICS
+
+    client = AIOKafkaClient(bootstrap_servers=bootstrap)
+    await client.bootstrap()
+    try:
+        end = time.monotonic() + timeout_s
+        wanted = [spec.full(prefix) for spec in TOPICS.values()]
+        while True:
+            md = await client.fetch_all_metadata()
+            ready = all(
+                (parts := md.partitions_for_topic(name))
+                and all(md.leader_for_partition(tp) not in (None, -1) for tp in _tps(name, parts))
+                for name in wanted
+            )
+            if ready or time.monotonic() > end:
+                return
+            await asyncio.sleep(0.2)
+    finally:
+        await client.close()
+
+
+def _tps(topic: str, partitions: set[int]) -> list[object]:
+    from aiokafka.structs import TopicPartition
+
+    return [TopicPartition(topic, p) for p in partitions]
 
 
 @pytest.fixture
