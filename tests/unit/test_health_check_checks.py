@@ -4,6 +4,7 @@ tool runner and a temporary sysfs tree; the time budget; publishing; the CLI exi
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 import time
@@ -38,7 +39,8 @@ NODE = "gpu-node-004"
 
 
 class FakeRunner:
-    """ToolRunner fake: argv[0] -> text (or an exception, or a sleep in seconds)."""
+    """ToolRunner fake: ``"argv0 argv1"`` (e.g. ``"dcgmi diag"``) or ``argv0`` -> text (or an
+    exception, or a sleep in seconds); anything else is not installed."""
 
     def __init__(self, outputs: dict[str, ToolOutput | Exception | float] | None = None) -> None:
         self.outputs = outputs or {}
@@ -46,7 +48,7 @@ class FakeRunner:
 
     def run(self, argv: list[str], timeout_s: float) -> ToolOutput:
         self.calls.append(argv)
-        out = self.outputs.get(argv[0], ToolMissing(argv[0]))
+        out = self.outputs.get(" ".join(argv[:2]), self.outputs.get(argv[0], ToolMissing(argv[0])))
         if isinstance(out, float):
             time.sleep(out)
             raise ToolTimeout(argv[0])
@@ -232,7 +234,54 @@ def test_infiniband_falls_back_to_ibstat(tmp_path: Path) -> None:
     runner = FakeRunner({"ibstat": ToolOutput(0, text)})
     r = run1("infiniband", inputs(runner=runner, sysfs_root=tmp_path), ib_ports=8)
     assert r.status == Status.OK and runner.calls == [["ibstat"]]
+    assert r.reason == "8 InfiniBand port(s) ACTIVE at 400 Gb/s (ibstat)"
     assert run1("infiniband", inputs(sysfs_root=tmp_path)).reason == "no InfiniBand ports"
+
+
+def test_infiniband_tool_chain_ibstatus_then_ibv_devinfo(tmp_path: Path) -> None:
+    ibstatus = (FIX / "infiniband/ibstatus-a100-hdr-all-active.txt").read_text()
+    # ibstat present but failing (no umad device) -> ibstatus
+    runner = FakeRunner(
+        {"ibstat": ToolOutput(255, "", "ibpanic: ... No such file"), "ibstatus": ToolOutput(0, ibstatus)}
+    )
+    r = run1("infiniband", inputs(runner=runner, sysfs_root=tmp_path))
+    assert r.status == Status.OK and r.reason.endswith("(ibstatus)")
+    assert runner.calls == [["ibstat"], ["ibstatus"]]
+    # only the verbs utilities installed: two dual-port HCAs with port 2 down
+    cx3 = (FIX / "infiniband/ibv-devinfo-cx3-2hca-port2-down.txt").read_text()
+    runner = FakeRunner({"ibv_devinfo": ToolOutput(0, cx3)})
+    r = run1("infiniband", inputs(runner=runner, sysfs_root=tmp_path))
+    assert runner.calls == [["ibstat"], ["ibstatus"], ["ibv_devinfo", "-v"]]
+    assert r.status == Status.CRITICAL and r.reason == "mlx4_1/2 DOWN/?; mlx4_0/2 DOWN/?"
+    # the -v port: down and polling
+    v = (FIX / "infiniband/ibv-devinfo-v-cx3-port2-down-polling.txt").read_text()
+    r = run1("infiniband", inputs(runner=FakeRunner({"ibv_devinfo": ToolOutput(0, v)}), sysfs_root=tmp_path))
+    assert r.status == Status.CRITICAL and r.reason == "mlx4_1/2 DOWN/Polling"
+
+
+def test_infiniband_ibv_devinfo_roce_only_and_unreported_rate(tmp_path: Path) -> None:
+    roce = (FIX / "infiniband/ibv-devinfo-cx7-roce-tabs-excerpt.txt").read_text()
+    r = run1("infiniband", inputs(runner=FakeRunner({"ibv_devinfo": ToolOutput(0, roce)}), sysfs_root=tmp_path))
+    assert (r.status, r.reason) == (Status.OK, "no InfiniBand ports (ibv_devinfo)")  # Ethernet, LID 0: not IB
+    ib = (FIX / "infiniband/ibv-devinfo-ib-sm-lid-active-excerpt.txt").read_text()
+    runner = FakeRunner({"ibv_devinfo": ToolOutput(0, ib)})
+    assert run1("infiniband", inputs(runner=runner, sysfs_root=tmp_path)).status == Status.OK
+    r = run1("infiniband", inputs(runner=runner, sysfs_root=tmp_path), ib_rate_gbps=400)
+    assert (r.status, r.reason) == (Status.WARNING, "mlx5_3/1 rate not reported (expected 400 Gb/s)")
+    # no RDMA device at all: "No IB devices found" on stderr, exit 255
+    none = FakeRunner({"ibv_devinfo": ToolOutput(255, "", "No IB devices found\n")})
+    assert run1("infiniband", inputs(runner=none, sysfs_root=tmp_path)).reason == "no InfiniBand ports"
+
+
+def test_node_without_gpus_expected_passes_without_a_driver() -> None:
+    res = asyncio.run(
+        run_checks(["gpu-count", "nvml", "ecc"], Inputs(None, FakeRunner(), None), Context(expected_gpus=0))
+    )
+    assert [(r.status, r.reason) for r in res] == [
+        (Status.OK, "no GPUs expected (NVML unavailable (no driver / nvidia-ml-py))")
+    ] * 3
+    res = asyncio.run(run_checks(["gpu-count"], Inputs(None, FakeRunner(), None), Context()))
+    assert res[0].status == Status.CRITICAL  # GPUs expected (default): a missing driver is a fault
 
 
 # -- NVLink and DCGM from recorded output ----------------------------------------------------
@@ -268,17 +317,53 @@ def test_dcgm_fail_warn_skip() -> None:
     assert evaluate_dcgm(parse_dcgmi_diag(all_skip.replace("Pass", "Skip"))).status == Status.UNKNOWN
 
 
-def test_dcgm_check_runs_job_gpus_and_handles_missing_tool() -> None:
+def _discovery_of(nv: FakeNvml, order: list[int]) -> str:
+    """The recorded 4-GPU ``dcgmi discovery -l`` table with its UUIDs replaced by the fake node's
+    GPUs ``order`` (DCGM id k lists NVML GPU order[k]: DCGM numbers GPUs itself)."""
+    text = (FIX / "dcgm/discovery-l-h100-4gpu-null-names-dcgm317.txt").read_text()
+    recorded = re.findall(r"GPU-[0-9a-f-]{36}", text)
+    for rec, idx in zip(recorded, order, strict=True):
+        text = text.replace(rec, nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(idx)))
+    return text
+
+
+def test_dcgm_check_maps_job_gpus_to_dcgm_ids_by_uuid() -> None:
     from test_health_check_parsers import DIAG_FULL
 
-    runner = FakeRunner({"dcgmi": ToolOutput(226, DIAG_FULL.replace("Fail - GPU: 0", "Pass"))})
-    r = run1("dcgm", inputs(runner=runner), gpus=[0, 1], dcgm_level=2)
-    assert runner.calls == [["dcgmi", "diag", "-r", "2", "-i", "0,1"]] and r.status == Status.WARNING
-    assert run1("dcgm", inputs()).reason == "dcgmi not installed"
+    nv = fake()
+    diag = ToolOutput(226, DIAG_FULL.replace("Fail - GPU: 0", "Pass"))
+    runner = FakeRunner({"dcgmi discovery": ToolOutput(0, _discovery_of(nv, [3, 2, 1, 0])), "dcgmi diag": diag})
+    r = run1("dcgm", inputs(nv, runner=runner), gpus=[0, 1], dcgm_level=2)
+    # NVML GPUs 0 and 1 are DCGM GPUs 3 and 2
+    assert runner.calls == [["dcgmi", "discovery", "-l"], ["dcgmi", "diag", "-r", "2", "-i", "3,2"]]
+    assert r.status == Status.WARNING  # the diag's Warn/Skip rows
+
+
+def test_dcgm_check_job_gpu_unknown_to_dcgm_is_unknown_not_pass() -> None:
+    nv = fake()
+    runner = FakeRunner({"dcgmi discovery": ToolOutput(0, _discovery_of(nv, [0, 1, 2, 3]))})
+    r = run1("dcgm", inputs(nv, runner=runner), gpus=[2, 5])
     assert (
-        run1("dcgm", inputs(runner=FakeRunner({"dcgmi": ToolOutput(1, "", "Error: unable to connect")}))).status
-        == Status.UNKNOWN
+        r.status == Status.UNKNOWN
+        and r.reason.startswith("GPU 5 (GPU-")
+        and "not listed by dcgmi discovery" in r.reason
     )
+    assert runner.calls == [["dcgmi", "discovery", "-l"]]  # no diag that would silently skip GPU 5
+
+
+def test_dcgm_check_without_job_gpus_runs_the_default_group_and_handles_missing_tool() -> None:
+    from test_health_check_parsers import DIAG_FULL
+
+    runner = FakeRunner({"dcgmi diag": ToolOutput(226, DIAG_FULL)})
+    r = run1("dcgm", inputs(runner=runner), dcgm_level=1)
+    assert runner.calls == [["dcgmi", "diag", "-r", "1"]] and r.status == Status.CRITICAL
+    assert run1("dcgm", inputs()).reason == "dcgmi not installed"
+    assert run1("dcgm", inputs(), gpus=[0]).reason == "dcgmi not installed"
+    down = ToolOutput(255, "", "Error: Unable to connect to host engine. Host engine connection invalid/disconnected.")
+    r = run1("dcgm", inputs(runner=FakeRunner({"dcgmi": down})), gpus=[0])
+    assert r.status == Status.UNKNOWN and r.reason.startswith("dcgmi discovery exited 255: Error: Unable to connect")
+    r = run1("dcgm", inputs(runner=FakeRunner({"dcgmi": down})))
+    assert r.status == Status.UNKNOWN and r.reason.startswith("dcgmi diag exited 255")
 
 
 # -- budget, summary, context ----------------------------------------------------------------
@@ -421,3 +506,28 @@ def test_public_names_exist(mod: str) -> None:
 
     module = importlib.import_module(f"gpuwarden.health_check.{mod}")
     assert module.__all__ and all(hasattr(module, n) for n in module.__all__)
+
+
+def test_bench_health_check_prints_every_check_and_parser() -> None:
+    out = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("gpuwarden")),
+            "bench",
+            "health-check",
+            "--runs",
+            "3",
+            "--procs",
+            "0",
+            "--fixtures",
+            str(FIX),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    for name in CHECKS:
+        assert re.search(rf"│ {re.escape(name)} +│ +\d+\.\d{{3}} / \d+\.\d{{3}} │", out.stdout), name
+    # the recorded outputs reach the checks: 8 IB ports from the ibstat capture, the XID 48 capture
+    assert "OK: 8 InfiniBand port(s) ACTIVE at 400 Gb/s" in out.stdout and "CRITICAL: XID 48" in out.stdout
+    assert out.stdout.count("│ ibv-devinfo ") == 2 and "dcgmi-discovery" in out.stdout

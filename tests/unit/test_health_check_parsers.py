@@ -13,9 +13,11 @@ import pytest
 
 from gpuwarden.health_check.parsers import (
     parse_dcgmi_diag,
+    parse_dcgmi_discovery,
     parse_ib_rate,
     parse_ibstat,
     parse_ibstatus,
+    parse_ibv_devinfo,
     parse_nvidia_smi_nvlink,
 )
 
@@ -24,6 +26,12 @@ IBSTAT = FIX / "infiniband" / "ibstat-h100-ndr-8ib-1eth-all-active.txt"
 IBSTATUS = FIX / "infiniband" / "ibstatus-a100-hdr-all-active.txt"
 DIAG = FIX / "dcgm" / "diag-r2-go-dcgm-gpu1-pass-excerpt.txt"
 NVLINK = FIX / "nvlink" / "nvlink-status-a100-8gpu.txt"
+DISCOVERY = FIX / "dcgm" / "discovery-l-h100-4gpu-null-names-dcgm317.txt"
+IBV_CX3 = FIX / "infiniband" / "ibv-devinfo-cx3-2hca-port2-down.txt"
+IBV_V = FIX / "infiniband" / "ibv-devinfo-v-cx3-port2-down-polling.txt"
+IBV_TABS = FIX / "infiniband" / "ibv-devinfo-cx7-roce-tabs-excerpt.txt"
+IBV_HBV2 = FIX / "infiniband" / "ibv-devinfo-hbv2-roce-eth-excerpt.txt"
+IBV_IB = FIX / "infiniband" / "ibv-devinfo-ib-sm-lid-active-excerpt.txt"
 
 
 def test_every_fixture_has_its_sidecar() -> None:
@@ -119,12 +127,110 @@ def test_nvlink_inactive_link() -> None:
     assert [(lk.link, lk.active) for lk in g.links] == [(0, True), (1, False)]
 
 
+# -- ibv_devinfo ----------------------------------------------------------------------------
+
+
+def test_ibv_devinfo_two_dual_port_hcas_port2_down() -> None:
+    ports = parse_ibv_devinfo(IBV_CX3.read_text())
+    assert [(p.device, p.port, p.state, p.base_lid, p.sm_lid) for p in ports] == [
+        ("mlx4_1", 1, "ACTIVE", 22, 1),
+        ("mlx4_1", 2, "DOWN", 0, 0),
+        ("mlx4_0", 1, "ACTIVE", 32, 18),
+        ("mlx4_0", 2, "DOWN", 0, 0),
+    ]
+    assert {(p.link_layer, p.ca_type, p.firmware, p.phys_state, p.rate_gbps) for p in ports} == {
+        ("InfiniBand", "MT4099", "2.42.5000", None, None)  # non-verbose: no physical state, no rate
+    }
+
+
+def test_ibv_devinfo_verbose_port_down_polling_has_no_rate() -> None:
+    (p,) = parse_ibv_devinfo(IBV_V.read_text())  # flag lists, "key = value" and GID lines skipped
+    assert (p.device, p.port, p.state, p.phys_state, p.link_layer) == ("mlx4_1", 2, "DOWN", "Polling", "InfiniBand")
+    assert (p.width, p.speed, p.rate_gbps) == ("4X", "SDR", None)  # reset defaults of a down port, not a rate
+
+
+def test_ibv_devinfo_verbose_active_port_rate_from_width_and_speed() -> None:
+    # the recorded -v port with its state and physical state switched to up (same field layout)
+    text = IBV_V.read_text().replace("PORT_DOWN (1)", "PORT_ACTIVE (4)").replace("POLLING (2)", "LINK_UP (5)")
+    (p,) = parse_ibv_devinfo(text.replace("2.5 Gbps (1)", "25.0 Gbps (32)"))
+    assert (p.state, p.phys_state, p.rate_gbps, p.speed) == ("ACTIVE", "LinkUp", 100.0, "EDR")
+
+
+@pytest.mark.parametrize(
+    ("path", "devices", "layer", "lids"),
+    [
+        (IBV_TABS, ["mlx5_0", "mlx5_1", "mlx5_2"], "Ethernet", (0, 0)),
+        (IBV_HBV2, ["rdmaP23800p0s2"], "Ethernet", (0, 0)),
+        (IBV_IB, ["mlx5_3"], "InfiniBand", (1690, 1)),
+    ],
+)
+def test_ibv_devinfo_tab_and_space_layouts(path: Path, devices: list[str], layer: str, lids: tuple[int, int]) -> None:
+    ports = parse_ibv_devinfo(path.read_text())
+    assert [p.device for p in ports] == devices
+    assert all(p.state == "ACTIVE" and p.link_layer == layer and (p.base_lid, p.sm_lid) == lids for p in ports)
+
+
+def test_ibv_devinfo_port_without_state_raises() -> None:
+    text = "".join(ln for ln in IBV_IB.read_text().splitlines(keepends=True) if "state:" not in ln)
+    with pytest.raises(ValueError, match="mlx5_3 port 1 has no state"):
+        parse_ibv_devinfo(text)
+
+
+# -- dcgmi discovery -l ------------------------------------------------------------------------
+
+
+def test_dcgmi_discovery_h100_null_names_no_nvswitch() -> None:
+    d = parse_dcgmi_discovery(DISCOVERY.read_text())  # prompt line and right padding ignored
+    assert d.gpus_found == 4 and not d.active_only and d.nvswitches == [] and d.others == {}
+    assert [(g.gpu_id, g.name, g.pci_bus_id) for g in d.gpus] == [
+        (0, None, "00000000:4C:00.0"),  # "<<<NULL>>>": name unknown, not a GPU named so
+        (1, None, "00000000:5D:00.0"),
+        (2, None, "00000000:CC:00.0"),
+        (3, None, "00000000:DC:00.0"),
+    ]
+    assert d.by_uuid()["gpu-5ea04b20-4cc3-4d84-0bb2-e4143be8e874"].gpu_id == 3
+
+
+def test_dcgmi_discovery_dcgm4_active_header_all_status_and_other_entities() -> None:
+    # DCGM 4 forms per the dcgmi-discovery reference: "(Active)" in the count line; with --all an
+    # inactive GPU gets "Status:" and "(last known)" name/bus id; ConnectX devices counted. Built from
+    # the recorded table (its rows and widths) with those documented changes applied.
+    text = DISCOVERY.read_text().replace("4 GPUs found.", "4 GPUs found (Active).")
+    text = text.replace(
+        "| 3      | Name: <<<NULL>>>                                           ",
+        "| 3      | Name: NVIDIA H100 80GB HBM3 (last known)                    ",
+    )
+    text = text.replace(
+        "|        | Device UUID: GPU-5ea04b20-4cc3-4d84-0bb2-e4143be8e874                |",
+        "|        | Device UUID: GPU-5ea04b20-4cc3-4d84-0bb2-e4143be8e874                |\n"
+        "|        | Status: Detached                                                     |",
+    )
+    text += "8 CX devices found.\n+-----------+\n| CX ID     |\n+-----------+\n"
+    d = parse_dcgmi_discovery(text)
+    assert d.active_only and d.others == {"cx devices": 8}
+    g3 = d.gpus[3]
+    assert (g3.name, g3.status, g3.last_known) == ("NVIDIA H100 80GB HBM3", "Detached", True)
+    assert all(g.status is None and not g.last_known for g in d.gpus[:3])
+
+
+def test_dcgmi_discovery_host_engine_down_is_not_output() -> None:
+    # real dcgmi text when nv-hostengine is not running (NVIDIA/dcgm-exporter#193)
+    err = (
+        "Error: unable to establish a connection to the specified host: localhost\n"
+        "Error: Unable to connect to host engine. Host engine connection invalid/disconnected.\n"
+    )
+    with pytest.raises(ValueError, match="no 'N GPUs found'"):
+        parse_dcgmi_discovery(err)
+
+
 @pytest.mark.parametrize(
     ("fn", "foreign"),
     [
         (parse_ibstat, IBSTATUS),
         (parse_ibstatus, IBSTAT),
+        (parse_ibv_devinfo, IBSTAT),
         (parse_dcgmi_diag, NVLINK),
+        (parse_dcgmi_discovery, DIAG),
         (parse_nvidia_smi_nvlink, IBSTAT),
     ],
 )
@@ -138,10 +244,26 @@ def test_nvlink_unreadable_link_line_raises() -> None:
         parse_nvidia_smi_nvlink("GPU 0: X\n Link 0: ???\n")
 
 
-@pytest.mark.parametrize(("name", "path"), [("ibstat", IBSTAT), ("nvidia-smi-nvlink", NVLINK)])
-def test_gpuwarden_parse_command(name: str, path: Path) -> None:
+@pytest.mark.parametrize(
+    ("name", "path", "n"),
+    [("ibstat", IBSTAT, 9), ("nvidia-smi-nvlink", NVLINK, 8), ("ibv-devinfo", IBV_CX3, 4), ("ibstatus", IBSTATUS, 9)],
+)
+def test_gpuwarden_parse_command(name: str, path: Path, n: int) -> None:
     exe = Path(sys.executable).with_name("gpuwarden")
     out = subprocess.run([str(exe), "parse", name, str(path)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+    assert len(json.loads(out.stdout)) == n
+
+
+def test_gpuwarden_parse_dcgmi_discovery_and_diag() -> None:
+    exe = Path(sys.executable).with_name("gpuwarden")
+    out = subprocess.run(
+        [str(exe), "parse", "dcgmi-discovery", str(DISCOVERY)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    assert len(data) in (8, 9)
+    assert data["gpus_found"] == 4 and data["gpus"][2]["uuid"] == "GPU-879a110e-54dc-22fe-9699-5babde1d450e"
+    bad = subprocess.run(
+        [str(exe), "parse", "dcgmi-discovery", str(NVLINK)], capture_output=True, text=True, timeout=60
+    )
+    assert bad.returncode == 1 and "not dcgmi discovery -l output" in bad.stdout + bad.stderr

@@ -146,7 +146,10 @@ def _parse_command(name: str, ep_value: object) -> None:
         try:
             result = fn(text)
         except ValueError as exc:
-            console.print(f"[red]error:[/] {file} is not {name} output: {exc}")
+            msg = str(exc)
+            # parsers say "not <tool> output: why" themselves; don't say it twice
+            head = f"{file}: " if msg.startswith("not ") else f"{file} is not {name} output: "
+            console.print(f"[red]error:[/] {head}{msg}", soft_wrap=True)
             raise typer.Exit(1) from exc
 
         def default(o: object) -> object:

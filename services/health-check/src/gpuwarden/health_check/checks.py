@@ -22,14 +22,17 @@ pcie            CRITICAL link width below its maximum; WARNING generation below 
 nvlink          CRITICAL an inactive link on a GPU that has NVLink
 clocks          CRITICAL HW slowdown / HW thermal slowdown / HW power brake; WARNING SW thermal
 infiniband      CRITICAL an InfiniBand port not ACTIVE/LinkUp, below the expected rate, or fewer
-                IB ports than expected (Ethernet/RoCE ports are ignored)
+                IB ports than expected (Ethernet/RoCE ports are ignored); ports from sysfs, else
+                ibstat, ibstatus, ibv_devinfo -v; WARNING a rate is required but not reported
 dcgm            CRITICAL a Fail; WARNING a Warn or a Skip (skip is not pass); UNKNOWN a cut-off
-                table, no dcgmi, or every test skipped
+                table, no dcgmi / host engine, every test skipped, or a job GPU that
+                dcgmi discovery does not list (job GPUs map to DCGM ids by UUID)
 ==============  ==========================================================================
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -42,8 +45,20 @@ from gpuwarden.collector.parsers import normalize_pci_bus_id, parse_kernel_log_l
 from gpuwarden.collector.sources import Nvml
 from gpuwarden.shared.models import EventKind
 
-from .io import KernelLog, ToolMissing, ToolRunner, ToolTimeout, read_sysfs_ib
-from .parsers import DcgmDiag, IbPort, NvlinkGpu, NvlinkLink, parse_dcgmi_diag, parse_ibstat
+from .io import KernelLog, ToolMissing, ToolOutput, ToolRunner, ToolTimeout, read_sysfs_ib
+from .parsers import (
+    DcgmDiag,
+    DcgmDiscovery,
+    DcgmGpu,
+    IbPort,
+    NvlinkGpu,
+    NvlinkLink,
+    parse_dcgmi_diag,
+    parse_dcgmi_discovery,
+    parse_ibstat,
+    parse_ibstatus,
+    parse_ibv_devinfo,
+)
 
 __all__ = [
     "APPLICATION_XIDS",
@@ -58,8 +73,12 @@ __all__ = [
     "evaluate_dcgm",
     "evaluate_infiniband",
     "evaluate_nvlink",
+    "map_dcgm_gpus",
+    "read_ib_ports",
     "worst",
 ]
+
+log = logging.getLogger(__name__)
 
 Phase = Literal["prolog", "epilog", "periodic"]
 
@@ -153,6 +172,11 @@ class Inputs:
             self._init = None
 
 
+def _text(v: object) -> str:
+    """NVML strings: ``str`` in nvidia-ml-py >= 11.5, ``bytes`` before."""
+    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+
+
 def _nvml_err(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
@@ -192,7 +216,7 @@ def check_gpu_count(inp: Inputs, ctx: Context) -> CheckResult:
     nv = inp.ready_nvml()
     n = nv.nvmlDeviceGetCount()
     probs: list[tuple[Status, str, int | None]] = []
-    if n == 0:
+    if n == 0 and ctx.expected_gpus != 0:
         probs.append((Status.CRITICAL, "no GPU visible to NVML", None))
     elif ctx.expected_gpus is not None and n < ctx.expected_gpus:
         probs.append((Status.CRITICAL, f"{n}/{ctx.expected_gpus} GPUs visible", None))
@@ -403,11 +427,13 @@ def check_xid(inp: Inputs, ctx: Context) -> CheckResult:
 
 
 def evaluate_infiniband(
-    ports: Sequence[IbPort], rate_gbps: float | None = None, min_ports: int | None = None
+    ports: Sequence[IbPort], rate_gbps: float | None = None, min_ports: int | None = None, source: str | None = None
 ) -> CheckResult:
     """InfiniBand verdict over parsed ports: only ``link_layer`` InfiniBand ports (or unknown
     layer) count; each must be ``ACTIVE`` and ``LinkUp`` at ``rate_gbps`` (default: the fastest
-    IB port's rate) Gb/s; with ``min_ports`` the node needs that many IB ports."""
+    IB port's rate) Gb/s; with ``min_ports`` the node needs that many IB ports. A port whose rate
+    the source does not print (plain ``ibv_devinfo``) is a WARNING only when a rate is required.
+    ``source`` (``sysfs``, ``ibstat`` ...) is named in the OK reason."""
     ib = [p for p in ports if (p.link_layer or "InfiniBand").lower() == "infiniband"]
     probs: list[tuple[Status, str, int | None]] = []
     if min_ports is not None and len(ib) < min_ports:
@@ -416,24 +442,50 @@ def evaluate_infiniband(
     for p in ib:
         name = f"{p.device}/{p.port}"
         if p.state != "ACTIVE" or (p.phys_state is not None and p.phys_state != "LinkUp"):
-            probs.append((Status.CRITICAL, f"{name} {p.state}/{p.phys_state}", None))
+            probs.append((Status.CRITICAL, f"{name} {p.state}/{p.phys_state or '?'}", None))
+        elif want and p.rate_gbps is None:
+            probs.append((Status.WARNING, f"{name} rate not reported (expected {want:g} Gb/s)", None))
         elif want and (p.rate_gbps or 0) < want:
             probs.append((Status.CRITICAL, f"{name} at {p.rate_gbps:g} Gb/s, expected {want:g}", None))
+    via = f" ({source})" if source else ""
     if not ib and not probs:
-        return CheckResult("infiniband", Status.OK, "no InfiniBand ports")
-    return _result("infiniband", probs, f"{len(ib)} InfiniBand port(s) ACTIVE at {want:g} Gb/s")
+        return CheckResult("infiniband", Status.OK, f"no InfiniBand ports{via}")
+    at = f" at {want:g} Gb/s" if want else ""
+    return _result("infiniband", probs, f"{len(ib)} InfiniBand port(s) ACTIVE{at}{via}")
+
+
+# (argv, parser) tried in order when sysfs has no RDMA devices (a container without /sys/class/infiniband)
+_IB_TOOLS: tuple[tuple[list[str], Callable[[str], list[IbPort]]], ...] = (
+    (["ibstat"], parse_ibstat),
+    (["ibstatus"], parse_ibstatus),
+    (["ibv_devinfo", "-v"], parse_ibv_devinfo),
+)
+
+
+def read_ib_ports(inp: Inputs, ctx: Context) -> tuple[list[IbPort], str | None]:
+    """The node's RDMA ports and where they were read: sysfs first (no tool to run), then the
+    first of ``ibstat``, ``ibstatus``, ``ibv_devinfo -v`` that is installed and parses. ``([], None)``
+    when none reports a device. A tool that times out is skipped (the next one is tried)."""
+    ports = read_sysfs_ib(inp.sysfs_root)
+    if ports:
+        return ports, "sysfs"
+    for argv, parse in _IB_TOOLS:
+        try:
+            out = inp.runner.run(argv, ctx.tool_timeout_s)
+        except (ToolMissing, ToolTimeout):
+            continue
+        if out.returncode != 0 or not out.stdout.strip():
+            continue  # "No IB devices found" / no umad: not a verdict, try the next source
+        try:
+            return parse(out.stdout), argv[0]
+        except ValueError:
+            continue
+    return [], None
 
 
 def check_infiniband(inp: Inputs, ctx: Context) -> CheckResult:
-    ports = read_sysfs_ib(inp.sysfs_root)
-    if not ports:
-        try:
-            out = inp.runner.run(["ibstat"], ctx.tool_timeout_s)
-            if out.returncode == 0 and out.stdout.strip():
-                ports = parse_ibstat(out.stdout)
-        except ToolMissing:
-            pass
-    return evaluate_infiniband(ports, ctx.ib_rate_gbps, ctx.ib_ports)
+    ports, source = read_ib_ports(inp, ctx)
+    return evaluate_infiniband(ports, ctx.ib_rate_gbps, ctx.ib_ports, source)
 
 
 # -- DCGM -------------------------------------------------------------------------------
@@ -462,22 +514,93 @@ def evaluate_dcgm(diag: DcgmDiag) -> CheckResult:
     return CheckResult("dcgm", Status.OK, f"dcgmi diag: {len(passes)} tests pass")
 
 
-def check_dcgm(inp: Inputs, ctx: Context) -> CheckResult:
-    level = ctx.dcgm_level or 1
-    argv = ["dcgmi", "diag", "-r", str(level)]
-    if ctx.gpus is not None:
-        argv += ["-i", ",".join(str(g) for g in ctx.gpus)]
+def map_dcgm_gpus(
+    discovery: DcgmDiscovery, nvml_ids: Sequence[tuple[int, str | None, str | None]]
+) -> tuple[list[int], list[str]]:
+    """DCGM GPU ids of the job's GPUs: ``nvml_ids`` is ``[(nvml_index, uuid, pci_bus_id)]``; each is
+    matched by UUID, then by PCI bus id (DCGM numbers GPUs itself; on a node with excluded or
+    detached GPUs its ids differ from NVML indices). Returns ``(dcgm_ids, problems)``: one problem
+    line per GPU that DCGM does not list (or lists as inactive)."""
+    by_uuid = discovery.by_uuid()
+    by_bus: dict[str, DcgmGpu] = {}
+    for g in discovery.gpus:
+        try:
+            if g.pci_bus_id:
+                by_bus[normalize_pci_bus_id(g.pci_bus_id)] = g
+        except ValueError:
+            pass
+    ids: list[int] = []
+    problems: list[str] = []
+    for index, uuid, bus in nvml_ids:
+        found = by_uuid.get(uuid.lower()) if uuid else None
+        if found is None and bus:
+            try:
+                found = by_bus.get(normalize_pci_bus_id(bus))
+            except ValueError:
+                found = None
+        if found is None:
+            problems.append(f"GPU {index} ({uuid or bus or '?'}) not listed by dcgmi discovery")
+        elif found.status is not None and found.status.lower() not in ("ok", "active"):
+            problems.append(f"GPU {index} is {found.status} in DCGM")
+        else:
+            ids.append(found.gpu_id)
+    return ids, problems
+
+
+def _dcgmi(inp: Inputs, argv: list[str], ctx: Context) -> ToolOutput | CheckResult:
     try:
-        out = inp.runner.run(argv, ctx.tool_timeout_s)
+        return inp.runner.run(argv, ctx.tool_timeout_s)
     except ToolMissing:
         return CheckResult("dcgm", Status.UNKNOWN, "dcgmi not installed")
     except ToolTimeout as exc:
-        return CheckResult("dcgm", Status.UNKNOWN, f"dcgmi diag -r {level}: {exc}")
+        return CheckResult("dcgm", Status.UNKNOWN, f"{' '.join(argv[:3])}: {exc}")
+
+
+def _last_line(out: ToolOutput) -> str:
+    text = (out.stdout + out.stderr).strip().splitlines()
+    return (text or [""])[-1][:100]
+
+
+def check_dcgm(inp: Inputs, ctx: Context) -> CheckResult:
+    """``dcgmi discovery -l`` maps the job's GPUs (NVML index -> UUID -> DCGM GPU id), then
+    ``dcgmi diag -r LEVEL -i IDS`` runs on exactly those GPUs. Without a job GPU list the diag runs
+    on DCGM's default all-GPU group. UNKNOWN when DCGM is absent, the host engine does not answer,
+    or a job GPU is not visible to DCGM (a diag that cannot cover a GPU proves nothing about it)."""
+    level = ctx.dcgm_level or 1
+    argv = ["dcgmi", "diag", "-r", str(level)]
+    if ctx.gpus is not None:
+        disc_out = _dcgmi(inp, ["dcgmi", "discovery", "-l"], ctx)
+        if isinstance(disc_out, CheckResult):
+            return disc_out
+        try:
+            discovery = parse_dcgmi_discovery(disc_out.stdout)
+        except ValueError:
+            return CheckResult(
+                "dcgm", Status.UNKNOWN, f"dcgmi discovery exited {disc_out.returncode}: {_last_line(disc_out)}"
+            )
+        ids: list[int]
+        problems: list[str]
+        try:
+            nv = inp.ready_nvml()
+            nvml_ids: list[tuple[int, str | None, str | None]] = []
+            for i in ctx.gpus:
+                h = nv.nvmlDeviceGetHandleByIndex(i)
+                nvml_ids.append((i, _text(nv.nvmlDeviceGetUUID(h)), _text(nv.nvmlDeviceGetPciInfo(h).busId)))
+        except Exception as exc:  # NVML unusable: the NVML checks report it; DCGM ids = indices
+            log.debug("dcgm: NVML ids unavailable (%s); using NVML indices as DCGM ids", exc)
+            ids, problems = list(ctx.gpus), []
+        else:
+            ids, problems = map_dcgm_gpus(discovery, nvml_ids)
+        if problems:
+            return CheckResult("dcgm", Status.UNKNOWN, "; ".join(problems[:3]), ctx.gpus[0] if ctx.gpus else None)
+        argv += ["-i", ",".join(str(g) for g in ids)]
+    out = _dcgmi(inp, argv, ctx)
+    if isinstance(out, CheckResult):
+        return out
     try:
         return evaluate_dcgm(parse_dcgmi_diag(out.stdout))
     except ValueError:
-        text = (out.stdout + out.stderr).strip().splitlines()
-        return CheckResult("dcgm", Status.UNKNOWN, f"dcgmi diag exited {out.returncode}: {(text or [''])[-1][:100]}")
+        return CheckResult("dcgm", Status.UNKNOWN, f"dcgmi diag exited {out.returncode}: {_last_line(out)}")
 
 
 # -- registry ---------------------------------------------------------------------------

@@ -7,7 +7,11 @@ not that tool's output. They are also ``gpuwarden parse NAME FILE`` (entry point
 * :func:`parse_ibstat` - ``ibstat`` (infiniband-diags, rdma-core 28+).
 * :func:`parse_ibstatus` - ``ibstatus`` (infiniband-diags script) and the same ``N: NAME``
   values of ``/sys/class/infiniband/<dev>/ports/<n>/{state,phys_state,rate,link_layer}``.
+* :func:`parse_ibv_devinfo` - ``ibv_devinfo`` and ``ibv_devinfo -v`` (libibverbs utilities of
+  rdma-core and MLNX_OFED 4.x/5.x).
 * :func:`parse_dcgmi_diag` - ``dcgmi diag -r 1|2|3`` table output (DCGM 2.x/3.x).
+* :func:`parse_dcgmi_discovery` - ``dcgmi discovery -l`` (``--list``, with or without ``--all``;
+  DCGM 2.x-4.x).
 * :func:`parse_nvidia_smi_nvlink` - ``nvidia-smi nvlink --status`` (drivers r450+).
 """
 
@@ -19,15 +23,19 @@ from typing import Literal
 
 __all__ = [
     "DcgmDiag",
+    "DcgmDiscovery",
+    "DcgmGpu",
     "DcgmTest",
     "IbPort",
     "NvlinkGpu",
     "NvlinkLink",
     "parse_dcgmi_diag",
+    "parse_dcgmi_discovery",
     "parse_ib_rate",
     "parse_ib_state",
     "parse_ibstat",
     "parse_ibstatus",
+    "parse_ibv_devinfo",
     "parse_nvidia_smi_nvlink",
 ]
 
@@ -212,6 +220,118 @@ def parse_ibstatus(text: str) -> list[IbPort]:
     return ports
 
 
+# -- ibv_devinfo -------------------------------------------------------------------
+
+# enum ibv_port_state / ibv_port_attr.phys_state codes -> the names sysfs and ibstat print
+_IBV_STATE = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
+_IBV_PHYS = {
+    1: "Sleep",
+    2: "Polling",
+    3: "Disabled",
+    4: "PortConfigurationTraining",
+    5: "LinkUp",
+    6: "LinkErrorRecovery",
+    7: "PhyTest",
+}
+# ibv_port_attr.active_speed codes -> InfiniBand speed names (FDR10 and QDR both print 10.0 Gbps)
+_IBV_SPEED = {1: "SDR", 2: "DDR", 4: "QDR", 8: "FDR10", 16: "FDR", 32: "EDR", 64: "HDR", 128: "NDR", 256: "XDR"}
+_CODE_RE = re.compile(r"^(.*?)\s*\((\d+)\)\s*$")
+
+
+def _named_code(value: str) -> tuple[str, int | None]:
+    """``"PORT_ACTIVE (4)"`` -> ``("PORT_ACTIVE", 4)``; ``"Ethernet"`` -> ``("Ethernet", None)``."""
+    m = _CODE_RE.match(value.strip())
+    return (m.group(1), int(m.group(2))) if m else (value.strip(), None)
+
+
+def _ibv_port(device: str, dev: dict[str, str], port: int, kv: dict[str, str]) -> IbPort:
+    if "state" not in kv:
+        raise ValueError(f"ibv_devinfo: {device} port {port} has no state line")
+    name, code = _named_code(kv["state"])
+    state = _IBV_STATE.get(code, name) if code is not None else name
+    state = state.upper().removeprefix("PORT_")
+    phys = None
+    if "phys_state" in kv:
+        pname, pcode = _named_code(kv["phys_state"])
+        phys = _IBV_PHYS.get(pcode, pname) if pcode is not None else pname
+    rate = width = speed = None
+    if "active_width" in kv and "active_speed" in kv:
+        wname, _ = _named_code(kv["active_width"])
+        sname, scode = _named_code(kv["active_speed"])
+        wm = re.match(r"^(\d+)X$", wname)
+        sm = re.match(r"^(\d+(?:\.\d+)?)\s*Gbps$", sname)
+        width = wname if wm else None
+        speed = _IBV_SPEED.get(scode) if scode is not None else None
+        # a port that is not ACTIVE reports its reset defaults (e.g. 4X at 2.5 Gbps), not a rate
+        if wm and sm and state == "ACTIVE":
+            rate = round(int(wm.group(1)) * float(sm.group(1)), 3)
+    return IbPort(
+        device=device,
+        port=port,
+        state=state,
+        phys_state=phys,
+        rate_gbps=rate,
+        link_layer=kv.get("link_layer"),
+        base_lid=_int_lid(kv["port_lid"]) if "port_lid" in kv else None,
+        sm_lid=_int_lid(kv["sm_lid"]) if "sm_lid" in kv else None,
+        width=width,
+        speed=speed,
+        ca_type=(f"MT{dev['vendor_part_id']}" if "vendor_part_id" in dev else None),  # as ibstat prints it
+        firmware=dev.get("fw_ver"),
+        port_guid=None,
+    )
+
+
+def parse_ibv_devinfo(text: str) -> list[IbPort]:
+    """Parse ``ibv_devinfo`` (libibverbs utilities, rdma-core and MLNX_OFED) into one
+    :class:`IbPort` per ``port: N`` of each ``hca_id: NAME`` block.
+
+    Reads ``state: PORT_ACTIVE (4)`` (the number wins over the name: ``ACTIVE``, ``DOWN``,
+    ``INIT``, ``ARMED``), ``link_layer``, ``sm_lid``/``port_lid`` and, with ``-v``,
+    ``phys_state: LINK_UP (5)`` (-> sysfs names ``LinkUp``, ``Polling``, ``Disabled`` ...) and
+    ``active_width: 4X (2)`` x ``active_speed: 25.0 Gbps (32)`` -> ``rate_gbps`` 100.0 (only for an
+    ACTIVE port: a port that is down reports its reset defaults). The non-verbose form prints no
+    rate or physical state (None). Tabs or spaces, the MLNX_OFED ``Device ports:`` line, verbose
+    capability-flag lists and ``GID[ n]`` lines are accepted and ignored.
+
+    Raises:
+        ValueError: no ``hca_id:`` line (not ibv_devinfo output; ``No IB devices found`` is
+            printed on stderr), or a port without a ``state`` line.
+    """
+    ports: list[IbPort] = []
+    device: str | None = None
+    dev: dict[str, str] = {}
+    port: int | None = None
+    kv: dict[str, str] = {}
+
+    def close_port() -> None:
+        if device is not None and port is not None:
+            ports.append(_ibv_port(device, dev, port, kv))
+
+    for raw in text.splitlines():
+        line = raw.strip()
+        m = re.match(r"^hca_id:\s*(\S+)$", line)
+        if m:
+            close_port()
+            device, dev, port, kv = m.group(1), {}, None, {}
+            continue
+        if device is None:
+            continue
+        m = re.match(r"^port:\s*(\d+)$", line)
+        if m:
+            close_port()
+            port, kv = int(m.group(1)), {}
+            continue
+        m = re.match(r"^([A-Za-z_][A-Za-z0-9_]*):\s*(.*)$", line)
+        if not m:
+            continue  # capability flag lists, "key = value", "GID[  0]:", free text
+        (kv if port is not None else dev)[m.group(1)] = m.group(2).strip()
+    close_port()
+    if device is None:
+        raise ValueError("not ibv_devinfo output: no 'hca_id: <name>' line")
+    return ports
+
+
 # -- dcgmi diag ---------------------------------------------------------------------
 
 DiagResult = Literal["pass", "fail", "warn", "skip", "unknown"]
@@ -324,6 +444,130 @@ def parse_dcgmi_diag(text: str) -> DcgmDiag:
         tests=tests,
         complete=complete,
         group=int(gm.group(1)) if gm else None,
+    )
+
+
+# -- dcgmi discovery -l ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DcgmGpu:
+    """One GPU row of ``dcgmi discovery -l``: DCGM ``gpu_id`` (not necessarily the NVML index),
+    ``name`` (None when DCGM printed ``<<<NULL>>>`` or nothing), ``pci_bus_id`` as printed
+    (``00000000:4C:00.0``), ``uuid`` (``GPU-...``), ``status`` (``--all`` only: the state of an
+    inactive GPU, e.g. ``Detached``) and ``last_known`` (its name/bus id are cached values)."""
+
+    gpu_id: int
+    name: str | None
+    pci_bus_id: str | None
+    uuid: str | None
+    status: str | None = None
+    last_known: bool = False
+
+
+@dataclass(frozen=True)
+class DcgmDiscovery:
+    """A parsed ``dcgmi discovery -l``. ``gpus_found``: the count in the ``N GPUs found.`` line
+    (may differ from ``len(gpus)`` when the table is cut off); ``active_only``: the header said
+    ``(Active)`` (DCGM 4 omits inactive GPUs unless ``--all``); ``nvswitches``: NvSwitch entity
+    ids (``[]`` when ``0 NvSwitches found.``, None when the section is absent); ``others``: the
+    counts of any other ``N <entities> found`` sections (ConnectX devices, CPUs ...)."""
+
+    gpus: list[DcgmGpu]
+    gpus_found: int
+    active_only: bool = False
+    nvswitches: list[int] | None = None
+    others: dict[str, int] = field(default_factory=dict)
+
+    def by_uuid(self) -> dict[str, DcgmGpu]:
+        return {g.uuid.lower(): g for g in self.gpus if g.uuid}
+
+
+_FOUND_RE = re.compile(r"^(\d+)\s+(.+?)\s+found(?:\s*\(([^)]*)\))?\.?\s*$")
+_LAST_KNOWN = "(last known)"
+
+
+def _strip_last_known(value: str) -> tuple[str, bool]:
+    v = value.strip()
+    if v.endswith(_LAST_KNOWN):
+        return v[: -len(_LAST_KNOWN)].strip(), True
+    return v, False
+
+
+def parse_dcgmi_discovery(text: str) -> DcgmDiscovery:
+    """Parse ``dcgmi discovery -l`` (DCGM 2.x-4.x): the ``N GPU(s) found[ (Active)].`` line and
+    its ``| GPU ID | Device Information |`` table, where a row with an id starts a GPU and the
+    rows under it add ``Name:``, ``PCI Bus ID:``, ``Device UUID:`` and (``--all``) ``Status:``;
+    then ``N NvSwitches found.`` with its ``| Switch ID |`` table, and any other
+    ``N <entities> found`` section (counted). ``Name: <<<NULL>>>`` -> ``name`` None; a value
+    suffixed ``(last known)`` -> ``last_known`` True. A leading prompt/command line is ignored.
+
+    Raises:
+        ValueError: no ``N GPU(s) found`` line (not dcgmi discovery output, e.g. the host-engine
+            connection error), or a GPU row whose id is not a number.
+    """
+    gpus: list[DcgmGpu] = []
+    cur: dict[str, object] | None = None
+    section: str | None = None
+    gpus_found: int | None = None
+    active_only = False
+    nvswitches: list[int] | None = None
+    others: dict[str, int] = {}
+
+    def close() -> None:
+        nonlocal cur
+        if cur is not None:
+            gpus.append(DcgmGpu(**cur))  # type: ignore[arg-type]
+        cur = None
+
+    for raw in text.splitlines():
+        line = raw.strip()
+        m = _FOUND_RE.match(line)
+        if m:
+            close()
+            n, what = int(m.group(1)), m.group(2).lower()
+            if what in ("gpu", "gpus"):
+                section, gpus_found = "gpu", n
+                active_only = (m.group(3) or "").lower() == "active"
+            elif what.startswith("nvswitch"):
+                section, nvswitches = "nvswitch", []
+            else:
+                section, others[what] = "other", n
+            continue
+        if not line.startswith("|") or section is None:
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if section == "nvswitch":
+            if len(cells) == 1 and cells[0].isdigit() and nvswitches is not None:
+                nvswitches.append(int(cells[0]))
+            continue
+        if section != "gpu" or len(cells) < 2 or cells[0] == "GPU ID":
+            continue
+        ident, info = cells[0], cells[1]
+        if ident:
+            if not ident.isdigit():
+                raise ValueError(f"dcgmi discovery: GPU id {ident!r} is not a number")
+            close()
+            cur = {"gpu_id": int(ident), "name": None, "pci_bus_id": None, "uuid": None}
+        if cur is None or ":" not in info:
+            continue
+        key, value = (x.strip() for x in info.split(":", 1))
+        value, cached = _strip_last_known(value)
+        if cached:
+            cur["last_known"] = True
+        if key == "Name":
+            cur["name"] = None if value in ("", "<<<NULL>>>") else value
+        elif key == "PCI Bus ID":
+            cur["pci_bus_id"] = value or None
+        elif key == "Device UUID":
+            cur["uuid"] = value or None
+        elif key == "Status":
+            cur["status"] = value or None
+    close()
+    if gpus_found is None:
+        raise ValueError("not dcgmi discovery -l output: no 'N GPUs found' line")
+    return DcgmDiscovery(
+        gpus=gpus, gpus_found=gpus_found, active_only=active_only, nvswitches=nvswitches, others=others
     )
 
 

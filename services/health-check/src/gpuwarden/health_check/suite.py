@@ -73,7 +73,8 @@ async def run_checks(
 ) -> list[CheckResult]:
     """Run ``names`` concurrently; return one result per name, in order, within ``budget_s``
     seconds (plus scheduling jitter). A check that raises is UNKNOWN (``RuntimeError`` from an
-    unusable NVML: CRITICAL); one that runs past its time is ``timeout_status``."""
+    unusable NVML: CRITICAL, or OK when ``ctx.expected_gpus`` is 0, a node that must have no
+    GPUs); one that runs past its time is ``timeout_status``."""
     t0 = time.monotonic()
     deadline = t0 + budget_s
 
@@ -85,8 +86,11 @@ async def run_checks(
             res = await asyncio.wait_for(asyncio.shield(fut), limit)
         except TimeoutError:
             res = CheckResult(name, timeout_status, f"timed out after {limit:.1f}s")
-        except RuntimeError as exc:
-            res = CheckResult(name, Status.CRITICAL, str(exc)[:160])
+        except RuntimeError as exc:  # NVML absent or nvmlInit failed
+            if ctx.expected_gpus == 0:  # a node configured to have no GPUs: nothing to check
+                res = CheckResult(name, Status.OK, f"no GPUs expected ({str(exc)[:100]})")
+            else:
+                res = CheckResult(name, Status.CRITICAL, str(exc)[:160])
         except Exception as exc:
             res = CheckResult(name, Status.UNKNOWN, f"check error {type(exc).__name__}: {exc}"[:160])
         d = round(time.monotonic() - start, 4)
