@@ -13,7 +13,8 @@
 #   GPUWARDEN_BIN=gpuwarden              the gpuwarden command (absolute path recommended)
 #   GPUWARDEN_HEALTH_FAIL_ON="2"         exit codes that fail the prolog (add 3 to fail on UNKNOWN)
 #   GPUWARDEN_HEALTH_DRAIN=1             1 = also `scontrol update state=drain reason="gpuwarden ..."`
-#                                        so sinfo -R shows the one-line reason, not only "Prolog error"
+#                                        so sinfo -R shows the one-line reason, not only "Prolog error";
+#                                        a node already drained with a reason keeps it (first reason wins)
 #   GPUWARDEN_HEALTH_WRAPPER_TIMEOUT_S=15  outer kill guard (the command's own budget is 10 s)
 #   GPUWARDEN_HEALTH_LOG=/var/log/gpuwarden/health-check.log  one line per run is appended
 set -u
@@ -59,8 +60,15 @@ command -v logger >/dev/null 2>&1 && logger -t "gpuwarden-$phase" -- "$msg" 2>/d
 for code in $fail_on; do
     if [ "$rc" = "$code" ]; then
         if [ "${GPUWARDEN_HEALTH_DRAIN:-1}" = 1 ] && command -v scontrol >/dev/null 2>&1; then
-            reason="gpuwarden $phase: ${line:0:200}"
-            scontrol update nodename="$node" state=drain reason="$reason" >/dev/null 2>&1 || true
+            # first reason wins: a node already draining/drained (by an operator, the remediator,
+            # or this prolog before the epilog Slurm runs for the requeued job) keeps its reason
+            current=$(scontrol -o show node "$node" 2>/dev/null)
+            if [[ $current =~ \ State=[^\ ]*DRAIN ]] && [[ $current =~ \ Reason=[^\ ] ]]; then
+                msg="$msg (node already drained: reason kept)"
+            else
+                reason="gpuwarden $phase: ${line:0:200}"
+                scontrol update nodename="$node" state=drain reason="$reason" >/dev/null 2>&1 || true
+            fi
         fi
         echo "$msg" >&2
         exit 1
