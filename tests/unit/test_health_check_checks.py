@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -24,8 +25,16 @@ from gpuwarden.health_check.checks import (
     evaluate_nvlink,
     worst,
 )
-from gpuwarden.health_check.io import FileLog, ToolMissing, ToolOutput, ToolTimeout, read_sysfs_ib
-from gpuwarden.health_check.parsers import parse_dcgmi_diag, parse_ibstat, parse_ibstatus, parse_nvidia_smi_nvlink
+from gpuwarden.health_check.io import FileLog, SubprocessRunner, ToolMissing, ToolOutput, ToolTimeout, read_sysfs_ib
+from gpuwarden.health_check.parsers import (
+    NvlinkGpu,
+    NvlinkLink,
+    parse_dcgmi_diag,
+    parse_ibstat,
+    parse_ibstatus,
+    parse_ibv_devinfo,
+    parse_nvidia_smi_nvlink,
+)
 from gpuwarden.health_check.publish import publish_results, to_models
 from gpuwarden.health_check.run import build_context, health_run
 from gpuwarden.health_check.settings import HealthCheckSettings
@@ -412,11 +421,95 @@ def test_select_checks() -> None:
 
 
 def test_job_gpus_from_slurm_env() -> None:
-    assert job_gpus({"SLURM_JOB_GPUS": "3,1", "CUDA_VISIBLE_DEVICES": "0"}) == [1, 3]
-    assert job_gpus({"CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b"}, {"GPU-a": 4, "GPU-b": 6}) == [4, 6]
+    assert job_gpus({"SLURM_JOB_GPUS": "3,1", "CUDA_VISIBLE_DEVICES": "0"}) == ([1, 3], [])
+    assert job_gpus({"CUDA_VISIBLE_DEVICES": "GPU-a,MIG-b,GPU-a"}) == ([], ["GPU-a", "MIG-b"])
+    assert job_gpus({"CUDA_VISIBLE_DEVICES": "NoDevFiles"}) == ([], [])  # Slurm: a job without GPUs
     assert job_gpus({}) is None
-    with pytest.raises(ValueError, match="MIG-x"):
-        job_gpus({"CUDA_VISIBLE_DEVICES": "MIG-x"})
+    with pytest.raises(ValueError, match=r"SLURM_JOB_GPUS=.*'²' is not a GPU id"):
+        job_gpus({"SLURM_JOB_GPUS": "0,²"})
+
+
+def test_job_without_gpus_checks_none_of_the_nodes_gpus() -> None:
+    # another job holds GPUs 0-3 (leftover-looking processes on them); a CPU-only job's prolog
+    s = HealthCheckSettings(health_state_dir=Path("/nonexistent"))
+    ctx = build_context("prolog", s, {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": NODE}, 0.0)
+    assert ctx.gpus == [] and not ctx.whole_node
+    nv = fake([{"at_s": 0, "node": NODE, "kind": "zombie-process", "gpu": g} for g in range(4)])
+    assert run1("processes", inputs(nv)).status == Status.CRITICAL  # the whole node: busy
+    r = CHECKS["processes"].fn(inputs(nv), ctx)
+    assert (r.status, r.reason) == (Status.OK, "0 GPU(s) free")
+    assert "processes" not in select_checks("periodic")  # `run` on a busy node is no fault
+
+
+def test_job_gpus_follow_minor_numbers_when_a_gpu_drops_out() -> None:
+    # GPU 3 fell off the bus: NVML lists 7 GPUs and physical GPU 4 is NVML index 3
+    nv = fake(
+        [
+            {"at_s": 0, "node": NODE, "kind": "gpu-missing", "gpu": 3},
+            {"at_s": 0, "node": NODE, "kind": "row-remap-pending", "gpu": 4},
+        ]
+    )
+    r = run1("gpu-count", inputs(nv), gpus=[3])  # EXPECTED_GPUS unset: 7 GPUs alone would pass
+    assert (r.status, r.reason) == (Status.CRITICAL, "job GPU(s) [3] absent (7 visible)")
+    r = run1("ecc", inputs(nv), gpus=[4])  # Slurm's GPU 4 is NVML index 3, and it has the fault
+    assert r.status == Status.CRITICAL and r.reason == "GPU 3: row remap pending (reset the GPU)"
+    assert run1("ecc", inputs(nv), gpus=[5]).status == Status.OK
+
+
+def test_job_gpus_given_as_uuids() -> None:
+    nv = fake([{"at_s": 0, "node": NODE, "kind": "row-remap-pending", "gpu": 5}])
+    u5 = nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(5))
+    u1 = nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(1))
+    s = HealthCheckSettings(health_state_dir=Path("/nonexistent"))
+    ctx = build_context("prolog", s, {"SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": u5}, 0.0)
+    assert ctx.gpus is None and ctx.gpu_uuids == [u5]
+    assert CHECKS["ecc"].fn(inputs(nv), ctx).gpu_index == 5
+    ctx = build_context("prolog", s, {"SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": u1.lower()}, 0.0)
+    assert CHECKS["ecc"].fn(inputs(nv), ctx).status == Status.OK
+    ctx = build_context("prolog", s, {"SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": "MIG-0d6c-unknown"}, 0.0)
+    r = CHECKS["gpu-count"].fn(inputs(nv), ctx)
+    assert r.status == Status.CRITICAL and "MIG-0d6c-unknown" in r.reason  # NVML does not list it
+
+
+async def test_xid_on_an_idle_gpu_survives_another_jobs_epilog(tmp_path: Path) -> None:
+    t0 = 1_700_000_000.0
+    s = HealthCheckSettings(health_state_dir=tmp_path, health_node=NODE)
+    klog = Lines([xid_line(t0 - 60, pci_of(5), 119, None)])  # GSP timeout on GPU 5, idle
+    env = {"SLURMD_NODENAME": NODE}
+    summary, _ = await health_run(
+        "prolog", [], s, inputs(clock=lambda: t0, log=klog), {**env, "SLURM_JOB_ID": "10", "SLURM_JOB_GPUS": "5"}
+    )
+    assert summary.status == Status.CRITICAL and "XID 119 on GPU 5" in summary.line
+    # job 11 on GPU 0 ends: its epilog checks GPU 0 only
+    summary, _ = await health_run(
+        "epilog", [], s, inputs(clock=lambda: t0 + 30, log=klog), {**env, "SLURM_JOB_ID": "11", "SLURM_JOB_GPUS": "0"}
+    )
+    assert summary.status == Status.OK and (tmp_path / "gpu-0.last-epilog").exists()
+    # the next job on GPU 5 must still see GPU 5's XID (one node-wide marker would hide it)
+    summary, ctx = await health_run(
+        "prolog", [], s, inputs(clock=lambda: t0 + 40, log=klog), {**env, "SLURM_JOB_ID": "12", "SLURM_JOB_GPUS": "5"}
+    )
+    assert summary.status == Status.CRITICAL and "XID 119 on GPU 5" in summary.line
+    assert ctx.since_by_gpu == {0: t0 + 30}
+    # ... and a job on GPU 0 does not see it (GPU 5 is not its GPU), nor anything before the epilog
+    summary, _ = await health_run(
+        "prolog", [], s, inputs(clock=lambda: t0 + 40, log=klog), {**env, "SLURM_JOB_ID": "13", "SLURM_JOB_GPUS": "0"}
+    )
+    assert summary.status == Status.OK
+
+
+def test_xid_severity_of_repair_and_recovery_notices() -> None:
+    t0 = 1_700_000_000.0
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t0))
+    base = f"{stamp},000000+00:00 NVRM: Xid (PCI:{pci_of(2).rsplit('.', 1)[0]}): "
+    done = base + "154, GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)"
+    reset = base + "154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"
+    sbe = base + "92, High single-bit ECC error rate"
+    run = lambda lines: run1("xid", inputs(log=Lines(lines), clock=lambda: t0 + 1), since_ts=t0 - 1)
+    assert run([done]).status == Status.OK
+    r = run([reset])
+    assert r.status == Status.CRITICAL and "XID 154" in r.reason
+    assert run([sbe]).status == Status.WARNING
 
 
 def test_since_ts_prolog_and_epilog(tmp_path: Path) -> None:
@@ -531,3 +624,129 @@ def test_bench_health_check_prints_every_check_and_parser() -> None:
     # the recorded outputs reach the checks: 8 IB ports from the ibstat capture, the XID 48 capture
     assert "OK: 8 InfiniBand port(s) ACTIVE at 400 Gb/s" in out.stdout and "CRITICAL: XID 48" in out.stdout
     assert out.stdout.count("│ ibv-devinfo ") == 2 and "dcgmi-discovery" in out.stdout
+
+
+def test_nvlink_pcie_node_without_bridges_is_not_a_failure() -> None:
+    class Pcie(FakeNvml):
+        def nvmlDeviceGetNvLinkState(self, handle: object, link: int) -> int:
+            if link >= 12:
+                raise self.NVMLError(2)  # type: ignore[attr-defined]
+            return 0  # A100/H100 PCIe without a bridge: every link reported inactive
+
+    base = fake()
+    r = run1("nvlink", inputs(Pcie(base.scenario, base.clock, NODE)))
+    assert (r.status, r.reason) == (Status.OK, "no NVLink connected on this node (8 GPU(s) report only inactive links)")
+    # an SXM node where one GPU lost every link is still a failure (other GPUs have links up)
+    nv = fake([{"at_s": 0, "node": NODE, "kind": "nvlink-down", "gpu": 4}])
+    r = run1("nvlink", inputs(nv), gpus=[4])
+    assert r.status == Status.CRITICAL and r.reason.startswith("GPU 4: NVLink [0, 1")
+
+
+def test_nvlink_expected_count_for_bridged_pairs() -> None:
+    gpus = [NvlinkGpu(i, "", None, [NvlinkLink(k, k < 4, None) for k in range(12)]) for i in range(2)]
+    assert evaluate_nvlink(gpus).status == Status.CRITICAL  # unbridged links look inactive
+    r = evaluate_nvlink(gpus, expected=4)
+    assert (r.status, r.reason) == (Status.OK, "8/8 NVLinks up on 2 GPU(s)")
+    gpus[1].links[0] = NvlinkLink(0, False, None)
+    r = evaluate_nvlink(gpus, expected=4)
+    assert r.status == Status.CRITICAL and r.reason.startswith("GPU 1: 3/4 NVLinks active, [0, 4,")
+
+
+def test_infiniband_required_ports_and_ignored_ports() -> None:
+    ports = parse_ibv_devinfo((FIX / "infiniband/ibv-devinfo-cx3-2hca-port2-down.txt").read_text())
+    assert evaluate_infiniband(ports).status == Status.CRITICAL  # every IB port must be up
+    r = evaluate_infiniband(ports, min_ports=2, source="ibv_devinfo")
+    assert r.status == Status.OK
+    assert r.reason == "2 InfiniBand port(s) ACTIVE (ibv_devinfo); not required: mlx4_1/2 DOWN/?, mlx4_0/2 DOWN/?"
+    r = evaluate_infiniband(ports, min_ports=3)
+    assert r.status == Status.CRITICAL and r.reason.startswith("2/3 InfiniBand ports ACTIVE; mlx4_1/2 DOWN/?")
+    r = evaluate_infiniband(ports, ignore=frozenset({"mlx4_1/2", "mlx4_0/2"}))
+    assert (r.status, r.reason) == (Status.OK, "2 InfiniBand port(s) ACTIVE")
+    assert evaluate_infiniband(ports, ignore=frozenset({"mlx4_1"})).reason == "mlx4_0/2 DOWN/?"
+
+
+def test_infiniband_hung_tool_is_skipped_for_the_next_source(tmp_path: Path) -> None:
+    ibstatus = (FIX / "infiniband/ibstatus-a100-hdr-all-active.txt").read_text()
+    runner = FakeRunner({"ibstat": 0.05, "ibstatus": ToolOutput(0, ibstatus)})  # ibstat hangs past its time
+    r = run1("infiniband", inputs(runner=runner, sysfs_root=tmp_path), tool_timeout_s=0.05)
+    assert r.status == Status.OK and r.reason.endswith("(ibstatus)") and runner.calls == [["ibstat"], ["ibstatus"]]
+
+
+def test_epilog_waits_for_exiting_processes_within_the_grace() -> None:
+    class Exiting(FakeNvml):
+        left = 3  # calls until the job's processes are gone
+
+        def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> list[object]:
+            Exiting.left -= 1
+            return super().nvmlDeviceGetComputeRunningProcesses(handle) if Exiting.left > 0 else []
+
+        def nvmlDeviceGetMemoryInfo(self, handle: object) -> object:
+            mem = super().nvmlDeviceGetMemoryInfo(handle)
+            return mem if Exiting.left > 0 else SimpleNamespace(total=mem.total, used=0, free=mem.total)
+
+    base = fake([{"at_s": 0, "node": NODE, "kind": "zombie-process", "gpu": 1}])
+    nv = Exiting(base.scenario, base.clock, NODE)
+    nv.t = base.t
+    assert run1("processes", inputs(nv), gpus=[1]).status == Status.CRITICAL  # no grace: still there
+    Exiting.left = 3
+    t = time.monotonic()
+    r = run1("processes", inputs(nv), gpus=[1], process_grace_s=3.0)
+    assert r.status == Status.OK and time.monotonic() - t < 2.0
+    r = run1("processes", inputs(base), gpus=[1], process_grace_s=0.6)  # never exits
+    assert r.status == Status.CRITICAL and "GPU 1: 1 leftover process(es)" in r.reason
+
+
+def test_clock_reasons_on_drivers_before_r535() -> None:
+    class Old(FakeNvml):
+        def nvmlDeviceGetCurrentClocksEventReasons(self, handle: object) -> int:
+            raise self.NVMLError(13)  # type: ignore[attr-defined]  # NVML_ERROR_FUNCTION_NOT_FOUND
+
+        def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: object) -> int:
+            return 0x80 if handle.index == 2 else 0  # type: ignore[attr-defined]
+
+    base = fake()
+    nv = Old(base.scenario, base.clock, NODE)
+    r = run1("clocks", inputs(nv))
+    assert r.status == Status.CRITICAL and r.reason == "GPU 2: clocks held by power brake"
+    assert run1("pcie", inputs(nv)).status == Status.OK
+
+
+def test_subprocess_runner_kills_a_hung_tool_and_its_children(tmp_path: Path) -> None:
+    runner = SubprocessRunner()
+    pidfile = tmp_path / "child.pid"
+    script = f"sleep 30 & echo $! > {pidfile}; wait"
+    t = time.monotonic()
+    with pytest.raises(ToolTimeout):
+        runner.run(["bash", "-c", script], 0.5)
+    assert time.monotonic() - t < 3
+    child = int(pidfile.read_text())
+    time.sleep(0.2)
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
+    with pytest.raises(ToolMissing):
+        runner.run(["/nonexistent/ibstat"], 1)
+    assert runner.run(["bash", "-c", "echo hi; exit 3"], 5) == ToolOutput(3, "hi\n", "")
+
+
+async def test_tools_still_running_after_the_budget_are_killed(tmp_path: Path) -> None:
+    runner = SubprocessRunner()
+
+    class Hang(FakeNvml):
+        pass
+
+    fake_bin = tmp_path / "dcgmi"
+    fake_bin.write_text(f"#!/bin/bash\necho $$ > {tmp_path}/pid\nexec sleep 30\n")
+    fake_bin.chmod(0o755)
+    s = HealthCheckSettings(health_state_dir=tmp_path, health_budget_s=0.5, health_check_timeout_s=5)
+    inp = Inputs(fake(), runner, Lines([]))
+    import os
+
+    old = os.environ["PATH"]
+    os.environ["PATH"] = f"{tmp_path}:{old}"
+    try:
+        summary, _ = await health_run("periodic", ["dcgm"], s, inp, {})
+    finally:
+        os.environ["PATH"] = old
+    assert summary.status == Status.CRITICAL and "timed out" in summary.line
+    pid = int((tmp_path / "pid").read_text())
+    time.sleep(0.2)
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]

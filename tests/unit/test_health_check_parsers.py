@@ -267,3 +267,137 @@ def test_gpuwarden_parse_dcgmi_discovery_and_diag() -> None:
         [str(exe), "parse", "dcgmi-discovery", str(NVLINK)], capture_output=True, text=True, timeout=60
     )
     assert bad.returncode == 1 and "not dcgmi discovery -l output" in bad.stdout + bad.stderr
+
+
+# -- dcgmi diag: recorded DCGM 2.x / 3.x / 4.x layouts (tests/fixtures/dcgm/diag-*.md) ---------------
+
+DIAG_DCGM441 = FIX / "dcgm" / "diag-r2-dcgm441-b200-8gpu-pcie-fail.txt"
+DIAG_DCGM338 = FIX / "dcgm" / "diag-r3-dcgm338-h100-8gpu-cuinit-fail.txt"
+DIAG_DCGM2X = FIX / "dcgm" / "diag-r4-dcgm2x-blacklist-all-pass.txt"
+DIAG_DCGM423 = FIX / "dcgm" / "diag-dcgm423-4gpu-pcie-fail-excerpt.txt"
+
+
+def test_dcgmi_diag_dcgm441_per_gpu_rows_and_test_level_fail() -> None:
+    d = parse_dcgmi_diag(DIAG_DCGM441.read_text())
+    assert (d.dcgm_version, d.driver_version, d.device_ids) == ("4.4.1", "570.172.08", ["2901"] * 8)
+    assert d.complete is True and d.group is None
+    got = [(t.section, t.name, t.result, t.gpus, t.all_gpus) for t in d.tests]
+    assert got == [
+        ("Deployment", "software", "pass", list(range(8)), False),
+        ("Hardware", "memory", "pass", list(range(8)), False),
+        ("Integration", "pcie", "fail", [], False),  # the test failed, no GPU did
+    ]
+    pcie = d.tests[2]
+    assert pcie.gpu_results == dict.fromkeys(range(8), "pass")
+    assert pcie.warnings == [
+        "There was an internal error during the test: 'Output of child process (11167) couldn't be "
+        "parsed: '* Line 1, Column 1   Syntax error: value, object or array expected. '' Check DCGM "
+        "and system logs for errors. Reset GPU. Restart DCGM. Rerun diagnostics."
+    ]
+    assert pcie.info == [] and pcie.detail.startswith("Fail Warning: There was an internal error")
+    assert [t.name for t in d.by_result("fail")] == ["pcie"]
+
+
+def test_dcgmi_diag_dcgm338_all_fail_skip_and_message_rows() -> None:
+    d = parse_dcgmi_diag(DIAG_DCGM338.read_text())
+    assert (d.dcgm_version, d.driver_version, d.device_ids) == ("3.3.8", "560.35.03", ["2330"] * 8)
+    assert d.complete is True and d.group is None
+    got = [(t.section, t.name, t.result, t.gpus, t.all_gpus) for t in d.tests]
+    deployment = [
+        "Denylist",
+        "NVML Library",
+        "CUDA Main Library",
+        "Permissions and OS Blocks",
+        "Persistence Mode",
+        "Environment Variables",
+        "Page Retirement/Row Remap",
+        "Graphics Processes",
+        "Inforom",
+    ]
+    assert got == [("Deployment", n, "pass", [], False) for n in deployment] + [
+        ("Integration", "PCIe", "skip", [], True),
+        ("Hardware", "GPU Memory", "fail", [], True),
+        ("Stress", "Memory Bandwidth", "skip", [], True),
+        ("Stress", "EUD Test", "skip", [], True),
+    ]
+    assert not any(t.name in ("Info", "Warning") for t in d.tests)
+    pm = d.tests[4]
+    assert pm.warnings == [] and len(pm.info) == 1
+    assert pm.info[0].startswith('Persistence mode for GPU 0 is disabled. Enable persistence mode by running "nvidia')
+    assert pm.info[0].endswith("Persistence mode for GPU 4 is disabled. Enable pers")
+    mem = d.tests[10]
+    assert [w[:6] for w in mem.warnings] == [f"GPU {g} " for g in range(8)]
+    assert mem.warnings[7] == (
+        "GPU 7 Error using CUDA API cuInit Check DCGM and system logs for errors. Reset GPU. Restart "
+        "DCGM. Rerun diagnostics. Unable to initialize CUDA library: 'system not yet initialized'. . "
+        "Please check if a CUDA sample program can be run successfully on this host. Refer to "
+        "https://github.com/nvidia/cuda-samples"
+    )
+    assert mem.detail.startswith("Fail - All Warning: GPU 0 Error using CUDA API cuInit")
+
+
+def test_dcgmi_diag_dcgm2x_plus_section_headers_without_metadata() -> None:
+    d = parse_dcgmi_diag(DIAG_DCGM2X.read_text())
+    assert (d.dcgm_version, d.driver_version, d.device_ids, d.group) == (None, None, [], None)
+    assert d.complete is True and len(d.tests) == 18 and all(t.result == "pass" for t in d.tests)
+    sections: dict[str, list[str]] = {}
+    for t in d.tests:
+        sections.setdefault(str(t.section), []).append(t.name)
+    assert sections == {
+        "Deployment": [
+            "Blacklist",
+            "NVML Library",
+            "CUDA Main Library",
+            "Permissions and OS Blocks",
+            "Persistence Mode",
+            "Environment Variables",
+            "Page Retirement/Row Remap",
+            "Graphics Processes",
+            "Inforom",
+        ],
+        "Integration": ["PCIe"],
+        "Hardware": ["GPU Memory", "Diagnostic", "Pulse Test"],
+        "Stress": ["SM Stress", "Targeted Stress", "Targeted Power", "Memory Bandwidth", "Memtest"],
+    }
+    assert all(t.all_gpus and t.gpus == [] for t in d.tests if t.section != "Deployment")
+
+
+def test_dcgmi_diag_dcgm423_cut_off_after_warnings_and_gpu_rows() -> None:
+    d = parse_dcgmi_diag(DIAG_DCGM423.read_text())
+    assert (d.dcgm_version, d.driver_version, d.device_ids, d.group) == ("4.2.3", "570.148.08", ["26b9"] * 4, None)
+    assert d.complete is False  # no bottom border after the last GPU row
+    got = [(t.section, t.name, t.result, t.gpus) for t in d.tests]
+    assert got == [
+        ("Deployment", "software", "pass", [0, 1, 2, 3]),
+        ("Hardware", "memory", "pass", [0, 1, 2, 3]),
+        ("Integration", "pcie", "fail", []),
+    ]
+    pcie = d.tests[2]
+    assert pcie.gpu_results == dict.fromkeys(range(4), "pass")
+    assert pcie.warnings[0] == (
+        "There was an internal error during the test: 'A child process (152) exited with non-zero "
+        "status 1' Check DCGM and system logs for errors. Reset GPU. Restart DCGM. Rerun diagnostics."
+    )
+    assert [w.split("'")[1][:28] for w in pcie.warnings] == [
+        "A child process (152) exited",
+        "A child process (153) exited",
+        "Output of child process (152",
+        "Output of child process (153",
+    ]
+
+
+def test_dcgmi_diag_mixed_gpu_result_rows_take_the_worst() -> None:
+    # the DCGM 2.x/3.x "Pass - GPUs: ... / Fail - GPU: n" rows (dcgmi/Diag.cpp HelperDisplayGpuResults)
+    text = DIAG_DCGM2X.read_text().replace(
+        "| Targeted Power            | Pass - All                                     |",
+        "| Targeted Power            | Pass - GPUs: 0, 2, 3                           |\n"
+        "|                           | Fail - GPU: 1                                  |\n"
+        "| Warning                   | GPU 1 Max power of 224.1 did not reach desire  |\n"
+        "|                           | d power minimum target_power_min_ratio of 224  |",
+    )
+    d = parse_dcgmi_diag(text)
+    tp = next(t for t in d.tests if t.name == "Targeted Power")
+    assert (tp.section, tp.result, tp.gpus, tp.all_gpus) == ("Stress", "fail", [1], False)
+    assert tp.gpu_results == {0: "pass", 2: "pass", 3: "pass", 1: "fail"}
+    assert tp.warnings == ["GPU 1 Max power of 224.1 did not reach desired power minimum target_power_min_ratio of 224"]
+    assert len(d.tests) == 18 and d.complete is True

@@ -492,6 +492,12 @@ class FakeNvml:
         self._h(h)
         return h
 
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
+        """The ``/dev/nvidiaN`` number: the GPU's physical position, which does not shift when an
+        earlier GPU drops out of the enumeration (what Slurm's GPU ids follow)."""
+        self._h(handle)
+        return int(handle.index)
+
     def nvmlDeviceGetUUID(self, handle: Any) -> str:
         self._h(handle)
         return uuid_of(self.scenario.seed, self.node, handle.index)

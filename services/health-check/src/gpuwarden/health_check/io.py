@@ -1,7 +1,8 @@
 """The outside systems the checks read, each behind a narrow protocol with a real implementation.
 
 * :class:`ToolRunner` - run a command (argv list, never a shell string) with a timeout and
-  return its text. :class:`SubprocessRunner` in production; tests pass a fake.
+  return its text. :class:`SubprocessRunner` in production (kills a command past its time, and
+  everything still running at the end of a run); tests pass a fake.
 * :class:`KernelLog` - the kernel log as text lines. :class:`DmesgLog` runs
   ``dmesg --time-format iso`` (ISO stamps, so XIDs carry their event time); :class:`FileLog`
   reads a file such as ``/var/log/kern.log``.
@@ -13,10 +14,15 @@ NVML itself is the collector's :class:`gpuwarden.collector.sources.Nvml` protoco
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+
+from gpuwarden.shared.brokers import die_with_parent
 
 from .parsers import IbPort, parse_ib_rate, parse_ib_state
 
@@ -58,19 +64,60 @@ class ToolRunner(Protocol):
 
 
 class SubprocessRunner:
-    """:class:`ToolRunner` on :func:`subprocess.run`: no shell, stdin closed, the child killed
-    when ``timeout_s`` (seconds) passes."""
+    """:class:`ToolRunner` on :class:`subprocess.Popen`: no shell, stdin closed, each command in
+    its own process group, killed (the whole group: ``dcgmi diag`` runs ``nvvs`` children) when
+    ``timeout_s`` (seconds) passes. Children get PR_SET_PDEATHSIG, and :meth:`kill_all` kills
+    what is still running when a run ends past its budget, so an abandoned diagnostic never
+    keeps stressing the GPUs while the job starts."""
+
+    def __init__(self) -> None:
+        self._live: set[subprocess.Popen[str]] = set()
+        self._lock = threading.Lock()
 
     def run(self, argv: list[str], timeout_s: float) -> ToolOutput:
         try:
-            p = subprocess.run(
-                argv, capture_output=True, text=True, errors="replace", timeout=timeout_s, stdin=subprocess.DEVNULL
+            p = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                errors="replace",
+                start_new_session=True,
+                preexec_fn=die_with_parent,
             )
         except FileNotFoundError as exc:
             raise ToolMissing(argv[0]) from exc
+        with self._lock:
+            self._live.add(p)
+        try:
+            out, err = p.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired as exc:
+            _kill_group(p)
+            p.communicate()
             raise ToolTimeout(f"{argv[0]} ran past {timeout_s:g}s") from exc
-        return ToolOutput(p.returncode, p.stdout, p.stderr)
+        finally:
+            with self._lock:
+                self._live.discard(p)
+        return ToolOutput(p.returncode, out, err)
+
+    def kill_all(self) -> int:
+        """Kill every command still running (and its process group); returns how many."""
+        with self._lock:
+            live = list(self._live)
+        for p in live:
+            _kill_group(p)
+        return len(live)
+
+
+def _kill_group(p: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        try:
+            p.kill()
+        except ProcessLookupError:
+            pass
 
 
 class KernelLog(Protocol):

@@ -9,7 +9,7 @@ not that tool's output. They are also ``gpuwarden parse NAME FILE`` (entry point
   values of ``/sys/class/infiniband/<dev>/ports/<n>/{state,phys_state,rate,link_layer}``.
 * :func:`parse_ibv_devinfo` - ``ibv_devinfo`` and ``ibv_devinfo -v`` (libibverbs utilities of
   rdma-core and MLNX_OFED 4.x/5.x).
-* :func:`parse_dcgmi_diag` - ``dcgmi diag -r 1|2|3`` table output (DCGM 2.x/3.x).
+* :func:`parse_dcgmi_diag` - ``dcgmi diag -r 1|2|3|4`` table output (DCGM 2.x-4.x).
 * :func:`parse_dcgmi_discovery` - ``dcgmi discovery -l`` (``--list``, with or without ``--all``;
   DCGM 2.x-4.x).
 * :func:`parse_nvidia_smi_nvlink` - ``nvidia-smi nvlink --status`` (drivers r450+).
@@ -339,16 +339,31 @@ DiagResult = Literal["pass", "fail", "warn", "skip", "unknown"]
 
 @dataclass(frozen=True)
 class DcgmTest:
-    """One row of ``dcgmi diag``: ``section`` (``Deployment``, ``Integration``, ``Hardware``,
-    ``Stress``), test ``name``, ``result`` (pass/fail/warn/skip, ``unknown`` for other text such
-    as ``Not Run``), the GPU indices the result names (``Fail - GPU: 0`` -> ``[0]``, empty when
-    not printed) and ``detail`` (the result text plus continuation rows)."""
+    """One test of ``dcgmi diag``: ``section`` (``Deployment``, ``Integration``, ``Hardware``,
+    ``Stress``, older ``Performance``), test ``name``, ``result`` (pass/fail/warn/skip,
+    ``unknown`` for other text such as ``Not Run``) and ``detail`` (every row of the test as
+    printed, joined; ``Warning``/``Error``/``Info`` rows as ``"Warning: <text>"``).
+
+    A test prints one or more result lines: DCGM 2.x/3.x ``Pass - All``, ``Fail - GPU: 0`` or
+    ``Pass - GPUs: 1, 2`` plus ``Fail - GPU: 0`` on the next row; DCGM 4.x a summary (``Fail``)
+    then one ``GPU<n>: <result>`` row per GPU. ``result`` is the worst of them (fail > warn >
+    skip > unknown > pass: for DCGM 4 the summary). ``gpus``: the GPUs that have that result
+    (``Fail - GPU: 0`` -> ``[0]``; empty when no GPU is named - ``Fail - All``, or a DCGM 4 summary
+    ``Fail`` whose GPU rows all pass, i.e. a failure of the test itself, not of a GPU).
+    ``gpu_results``: every printed per-GPU result. ``all_gpus``: the result was printed as
+    ``<Result> - All`` (every GPU of the run, ids not printed). ``warnings``: the text of the
+    ``Warning`` and ``Error`` rows under the test (DCGM's error messages; they do not change the
+    printed result), ``info``: the ``Info`` rows, each re-joined from DCGM's 45-column wrap."""
 
     section: str | None
     name: str
     result: DiagResult
     gpus: list[int]
     detail: str
+    gpu_results: dict[int, DiagResult] = field(default_factory=dict)
+    all_gpus: bool = False
+    warnings: list[str] = field(default_factory=list)
+    info: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -356,7 +371,9 @@ class DcgmDiag:
     """A parsed ``dcgmi diag`` run. ``complete`` is False when the table is cut off (no closing
     ``+---+`` border after the last row, or a last row without its right ``|``): a cut-off run
     proves nothing about the rows it lost. ``group``: the ``-g N`` of an echoed ``dcgmi diag``
-    command line (results belong to that GPU group), None when not recorded."""
+    command line (results belong to that GPU group), None when not recorded. ``dcgm_version``,
+    ``driver_version``, ``device_ids``: the Metadata rows (None/empty
+    where the table has none: DCGM 2.x and 3.0.x)."""
 
     dcgm_version: str | None
     driver_version: str | None
@@ -370,6 +387,13 @@ class DcgmDiag:
 
 
 _RESULT_WORD = {"pass": "pass", "fail": "fail", "warn": "warn", "warning": "warn", "skip": "skip", "skipped": "skip"}
+_RESULT_RANK = {"pass": 0, "unknown": 1, "skip": 2, "warn": 3, "fail": 4}
+# "Pass - All", "Fail - GPU: 0", "Pass - GPUs: 1, 2, 3" (DCGM 2.x/3.x result lines)
+_DIAG_RESULT_LINE = re.compile(r"(Pass|Fail|Warn|Skip)(?:\s+-\s+(?:(All)|GPUs?:\s*(\d+(?:\s*,\s*\d+)*)))?\s*")
+# "GPU0: Pass" (DCGM 4.x per-entity result lines; CPU entities of the CPU EUD test too)
+_DIAG_ENTITY_LINE = re.compile(r"(GPU|CPU)(\d+):\s*(Pass|Fail|Warn|Skip)\s*")
+_DIAG_MESSAGE_ROWS = {"Warning": "warnings", "Error": "warnings", "Info": "info"}
+_DIAG_WRAP = 45  # dcgmi prints Warning/Error/Info text in 45-character slices, one per row
 
 
 def _diag_result(text: str) -> tuple[DiagResult, list[int]]:
@@ -380,14 +404,100 @@ def _diag_result(text: str) -> tuple[DiagResult, list[int]]:
     return word, gpus  # type: ignore[return-value]
 
 
-def parse_dcgmi_diag(text: str) -> DcgmDiag:
-    """Parse the table ``dcgmi diag -r N`` prints (DCGM 2.x and 3.x).
+def _diag_result_line(text: str) -> tuple[DiagResult, list[int], bool] | None:
+    """(result, GPUs, all) of a result line, None when ``text`` is no result line."""
+    m = _DIAG_RESULT_LINE.fullmatch(text)
+    if m:
+        gpus = [int(x) for x in re.findall(r"\d+", m.group(3) or "")]
+        return m.group(1).lower(), gpus, m.group(2) is not None  # type: ignore[return-value]
+    m = _DIAG_ENTITY_LINE.fullmatch(text)
+    if m:
+        return m.group(3).lower(), [int(m.group(2))] if m.group(1) == "GPU" else [], False  # type: ignore[return-value]
+    return None
 
-    ``|-----  Metadata  ---|`` rows start a section; Metadata rows give ``DCGM Version``,
-    ``Driver Version Detected``, ``GPU Device IDs Detected``; every other row is a test whose
-    result is the first word of its right cell (``Pass``, ``Fail``, ``Warn``, ``Skip``; other
-    words -> ``unknown``). Rows with an empty left cell continue the previous test's detail.
-    A leading prompt/command line and ``Successfully ran diagnostic`` are ignored.
+
+def _diag_chunk(cell: str) -> str:
+    """One row's slice of a wrapped message: the right cell minus its one leading space and the
+    column padding (a full 45-character slice keeps its own trailing space)."""
+    body = cell[1:] if cell.startswith(" ") else cell
+    if len(body) > _DIAG_WRAP and not body[_DIAG_WRAP:].strip():
+        return body[:_DIAG_WRAP]
+    return body.rstrip()
+
+
+class _DiagTestRows:
+    """The rows of one test while the table is read."""
+
+    def __init__(self, section: str | None, name: str, text: str) -> None:
+        self.section, self.name = section, name
+        first = _diag_result_line(text)
+        if first is None:
+            word, gpus = _diag_result(text)
+            first = (word, gpus, False)
+        self.lines: list[tuple[DiagResult, list[int], bool]] = [first]
+        self.parts: list[str] = [text] if text else []
+        self.messages: dict[str, list[str]] = {"warnings": [], "info": []}
+        self.open: tuple[str, list[str]] | None = None
+
+    def close_message(self) -> None:
+        if self.open is not None:
+            kind, chunks = self.open
+            msg = "".join(chunks).strip()
+            self.messages[_DIAG_MESSAGE_ROWS[kind]].append(msg)
+            self.parts.append(f"{kind}: {msg}")
+            self.open = None
+
+    def add_row(self, name: str, cell: str) -> None:
+        text = cell.strip()
+        if name in _DIAG_MESSAGE_ROWS:
+            self.close_message()
+            self.open = (name, [_diag_chunk(cell)])
+            return
+        line = _diag_result_line(text)
+        if line is not None:
+            self.close_message()
+            self.lines.append(line)
+            self.parts.append(text)
+        elif self.open is not None:
+            self.open[1].append(_diag_chunk(cell))
+        elif text:
+            self.parts.append(text)
+
+    def build(self) -> DcgmTest:
+        self.close_message()
+        result = max((w for w, _, _ in self.lines), key=_RESULT_RANK.__getitem__)
+        gpu_results: dict[int, DiagResult] = {}
+        gpus: list[int] = []
+        for word, ids, _ in self.lines:
+            for g in ids:
+                if g not in gpu_results or _RESULT_RANK[word] > _RESULT_RANK[gpu_results[g]]:
+                    gpu_results[g] = word
+                if word == result and g not in gpus:
+                    gpus.append(g)
+        return DcgmTest(
+            section=self.section,
+            name=self.name,
+            result=result,
+            gpus=gpus,
+            detail=" ".join(self.parts),
+            gpu_results=gpu_results,
+            all_gpus=any(a for w, _, a in self.lines if w == result),
+            warnings=self.messages["warnings"],
+            info=self.messages["info"],
+        )
+
+
+def parse_dcgmi_diag(text: str) -> DcgmDiag:
+    """Parse the table ``dcgmi diag -r N`` prints: DCGM 2.x (no Metadata section, ``Blacklist``),
+    3.x (Metadata rows) and 4.x (lower-case plugin names, one ``GPU<n>: <result>`` row per GPU).
+
+    Section headers are ``|-----  Deployment  ---+---|`` or ``+-----  Hardware  ---+---+``
+    (dcgmi prints both forms in one table). Metadata rows give ``DCGM Version``, ``Driver Version
+    Detected``, ``GPU Device IDs Detected``. Every other named row is a test whose result rows are
+    read as :class:`DcgmTest` describes; rows named ``Warning``, ``Error`` or ``Info`` are
+    messages of the test above them (not tests), and rows with an empty left cell continue the
+    message or test above. A leading prompt/command line and ``Successfully ran diagnostic`` are
+    ignored.
 
     Raises:
         ValueError: no ``| Diagnostic | Result |`` header (not dcgmi diag table output).
@@ -399,49 +509,48 @@ def parse_dcgmi_diag(text: str) -> DcgmDiag:
         raise ValueError("not dcgmi diag output: no '| Diagnostic | Result |' header") from None
     section: str | None = None
     meta: dict[str, str] = {}
-    rows: list[dict[str, object]] = []
+    rows: list[_DiagTestRows] = []
     complete = False
     last_open = False
     for raw in lines[start + 1 :]:
         ln = raw.strip()
         if not ln:
             continue
-        if ln.startswith("+") and set(ln) <= {"+", "-", "="}:
-            complete = bool(rows) or bool(meta)
-            continue
-        m = re.match(r"^\|-+\s+(.+?)\s+-+\+", ln)
+        m = re.match(r"^[|+]-+\s+([A-Za-z][^|+]*?)\s+-+\+", ln)
         if m:
             section = m.group(1)
-            complete = False
+            complete = last_open = False
+            if rows:
+                rows[-1].close_message()
+            continue
+        if ln.startswith("+") and set(ln) <= {"+", "-", "="}:
+            complete = bool(rows) or bool(meta)
+            if rows:
+                rows[-1].close_message()
             continue
         if not ln.startswith("|"):
             continue
-        cells = ln.strip("|").split("|", 1)
-        last_open = not ln.endswith("|")
+        last_open = not ln.endswith("|") or len(ln) == 1
+        body = ln[1:-1] if not last_open else ln[1:]
+        left, _, cell = body.partition("|")
         complete = False
-        name = cells[0].strip()
-        value = cells[1].strip() if len(cells) > 1 else ""
-        if section == "Metadata" and name:
-            meta[name] = value
-        elif not name:
-            if rows and value:
-                rows[-1]["detail"] = f"{rows[-1]['detail']} {value}".strip()
-        else:
-            rows.append({"section": section, "name": name, "detail": value})
+        name = left.strip()
+        if section == "Metadata":
+            if name:
+                meta[name] = cell.strip()
+        elif name and name not in _DIAG_MESSAGE_ROWS:
+            rows.append(_DiagTestRows(section, name, cell.strip()))
+        elif rows:
+            rows[-1].add_row(name, cell)
     if last_open:
         complete = False
-    tests = []
-    for r in rows:
-        detail = str(r["detail"])
-        res, gpus = _diag_result(detail)
-        tests.append(DcgmTest(section=r["section"], name=str(r["name"]), result=res, gpus=gpus, detail=detail))  # type: ignore[arg-type]
     ids = meta.get("GPU Device IDs Detected", "")
     gm = re.search(r"dcgmi diag\b.*?\s(?:-g|--group)[ =](\d+)", "\n".join(lines[:start]))
     return DcgmDiag(
         dcgm_version=meta.get("DCGM Version"),
         driver_version=meta.get("Driver Version Detected"),
         device_ids=[x for x in re.split(r"[,\s]+", ids) if x],
-        tests=tests,
+        tests=[r.build() for r in rows],
         complete=complete,
         group=int(gm.group(1)) if gm else None,
     )

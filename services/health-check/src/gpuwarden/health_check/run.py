@@ -15,7 +15,7 @@ from .checks import Context, Inputs, Phase, Status
 from .io import DmesgLog, FileLog, KernelLog, SubprocessRunner
 from .publish import publish_results, to_models
 from .settings import HealthCheckSettings
-from .suite import Summary, job_gpus, run_checks, select_checks, since_ts
+from .suite import Summary, gpu_windows, job_gpus, run_checks, select_checks, since_ts
 
 __all__ = ["build_context", "default_inputs", "health_run"]
 
@@ -25,23 +25,44 @@ log = logging.getLogger(__name__)
 def build_context(
     phase: Phase, s: HealthCheckSettings, env: Mapping[str, str], now: float, gpus: list[int] | None = None
 ) -> Context:
-    """Context of a run: the job id and GPUs from ``env`` in prolog/epilog (``gpus`` overrides),
-    thresholds from settings. Raises ValueError for unreadable ``SLURM_JOB_GPUS``/``CUDA_VISIBLE_DEVICES``."""
+    """Context of a run: the job id and GPUs from ``env`` in prolog/epilog (``gpus`` overrides;
+    a job with no GPU variable has no GPUs: ``gpus=[]``, its per-GPU checks look at nothing),
+    XID windows from the state directory, thresholds from settings.
+
+    Raises ValueError for an unreadable ``SLURM_JOB_GPUS``/``CUDA_VISIBLE_DEVICES``."""
     job = env.get("SLURM_JOB_ID") if phase != "periodic" else None
+    uuids: list[str] | None = None
     if gpus is None and phase != "periodic":
-        gpus = job_gpus(env)
+        found = job_gpus(env)
+        if found is not None:
+            gpus, uuids = found
+            if uuids and not gpus:
+                gpus = None  # the job's GPUs are named by UUID only
+        elif job:
+            gpus = []  # a job without GPUs on this node
+    since_by_gpu: dict[int, float] = {}
+    since_gpu_ts: float | None = None
+    if phase == "prolog":
+        since_by_gpu, since_gpu_ts = gpu_windows(s.health_state_dir, now, s.health_xid_lookback_s)
     return Context(
         phase=phase,
         node=env.get("SLURMD_NODENAME") or s.health_node,
         job_id=job or None,
         gpus=gpus,
+        gpu_uuids=uuids or None,
         since_ts=since_ts(phase, env, s.health_state_dir, now, s.health_xid_lookback_s),
+        since_by_gpu=since_by_gpu,
+        since_gpu_ts=since_gpu_ts,
         expected_gpus=s.health_expected_gpus,
         ib_rate_gbps=s.health_ib_rate_gbps,
         ib_ports=s.health_ib_ports,
+        ib_ignore=frozenset(x.strip() for x in s.health_ib_ignore.split(",") if x.strip()),
+        nvlinks=s.health_nvlinks,
         max_used_mib=s.health_max_used_mib,
+        process_grace_s=s.health_process_grace_s if phase == "epilog" else 0.0,
         dcgm_level=s.health_dcgm_level,
-        tool_timeout_s=s.health_check_timeout_s,
+        tool_timeout_s=min(s.health_tool_timeout_s, s.health_check_timeout_s),
+        dcgm_timeout_s=max(0.5, s.health_check_timeout_s - 0.5),
     )
 
 
@@ -75,12 +96,19 @@ def default_inputs(s: HealthCheckSettings, node: str | None = None) -> Inputs:
 
 
 def _note_times(ctx: Context, state_dir: Path, now: float) -> None:
+    """Prolog: ``job-<id>.start`` (the epilog's XID window). Epilog: ``last-epilog`` (node-level
+    events), ``gpu-<id>.last-epilog`` for each GPU it checked (by Slurm id), or
+    ``all-gpus.last-epilog`` when it checked every GPU; a job named by UUID only notes none."""
     try:
         state_dir.mkdir(parents=True, exist_ok=True)
         if ctx.phase == "prolog" and ctx.job_id:
             (state_dir / f"job-{ctx.job_id}.start").write_text(f"{now}\n")
         elif ctx.phase == "epilog":
             (state_dir / "last-epilog").write_text(f"{now}\n")
+            if ctx.whole_node:
+                (state_dir / "all-gpus.last-epilog").write_text(f"{now}\n")
+            for g in ctx.gpus or []:
+                (state_dir / f"gpu-{g}.last-epilog").write_text(f"{now}\n")
             if ctx.job_id:
                 (state_dir / f"job-{ctx.job_id}.start").unlink(missing_ok=True)
     except OSError as exc:
@@ -108,6 +136,9 @@ async def health_run(
     status = Status.CRITICAL if s.health_timeout_status == "critical" else Status.UNKNOWN
     results = await run_checks(chosen, inputs, ctx, s.health_budget_s, s.health_check_timeout_s, status)
     summary = Summary(results, time.monotonic() - t0)
+    kill_all = getattr(inputs.runner, "kill_all", None)
+    if kill_all is not None and (n := kill_all()):  # tools of checks abandoned past the budget
+        log.warning("killed %d tool process(es) still running past the time budget", n)
     if phase != "periodic":
         _note_times(ctx, s.health_state_dir, now)
     if make_producer is not None and s.health_publish:

@@ -9,6 +9,7 @@ gets ``timeout_status`` (CRITICAL by default: a GPU or tool that hangs is not fi
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from .checks import CHECKS, CheckResult, Context, Inputs, Phase, Status, worst
 
-__all__ = ["Summary", "job_gpus", "run_checks", "select_checks", "since_ts", "summarize"]
+__all__ = ["Summary", "gpu_windows", "job_gpus", "run_checks", "select_checks", "since_ts", "summarize"]
 
 
 def select_checks(phase: Phase, names: Sequence[str] = (), dcgm_level: int = 0) -> list[str]:
@@ -125,32 +126,67 @@ def summarize(results: Sequence[CheckResult], elapsed_s: float) -> Summary:
     return Summary(results, elapsed_s)
 
 
-def job_gpus(env: Mapping[str, str], uuids: Mapping[str, int] | None = None) -> list[int] | None:
-    """The job's GPU indices from ``SLURM_JOB_GPUS`` (``"0,1"``), else ``CUDA_VISIBLE_DEVICES``
-    (indices, or ``GPU-...`` UUIDs mapped through ``uuids``). None when neither is set (every GPU).
+def job_gpus(env: Mapping[str, str]) -> tuple[list[int], list[str]] | None:
+    """The job's GPUs: ``(slurm_ids, uuids)`` from ``SLURM_JOB_GPUS`` (``"0,1"``: Slurm's GPU ids,
+    the ``/dev/nvidiaN`` minor numbers), else ``CUDA_VISIBLE_DEVICES`` (ids, or ``GPU-``/``MIG-``
+    UUIDs; ``NoDevFiles``, what Slurm sets for a job without GPUs, is none). None when neither
+    is set.
 
     Raises:
-        ValueError: a value that is neither an index nor a known UUID (e.g. a MIG ``MIG-`` id)."""
+        ValueError: a value that is neither an id nor a UUID (the variable is named)."""
     for var in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
         raw = env.get(var)
         if raw is None or raw.strip() == "":
             continue
-        out: list[int] = []
+        ids: list[int] = []
+        uuids: list[str] = []
         for tok in (t.strip() for t in raw.split(",")):
-            if tok.isdigit():
-                out.append(int(tok))
-            elif uuids is not None and tok in uuids:
-                out.append(uuids[tok])
-            elif tok:
-                raise ValueError(f"{var}={raw!r}: {tok!r} is not a GPU index or known UUID")
-        return sorted(set(out))
+            if not tok or tok == "NoDevFiles":
+                continue
+            if tok.isascii() and tok.isdigit():
+                ids.append(int(tok))
+            elif tok.upper().startswith(("GPU-", "MIG-")):
+                uuids.append(tok)
+            else:
+                raise ValueError(f"{var}={raw!r}: {tok!r} is not a GPU id or GPU-/MIG- UUID")
+        return sorted(set(ids)), list(dict.fromkeys(uuids))
     return None
 
 
+def _marker(path: Path) -> float | None:
+    try:
+        return float(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def gpu_windows(state_dir: Path, now: float, lookback_s: float) -> tuple[dict[int, float], float]:
+    """Prolog XID windows per GPU: ``({slurm_gpu_id: start}, default)``. A GPU's window starts at
+    the end of the last epilog that checked it (``gpu-<id>.last-epilog``); a GPU no epilog checked
+    yet starts at the last epilog that checked every GPU (``all-gpus.last-epilog``) or
+    ``now - lookback_s``, whichever is later. (One node-wide marker would hide an XID on an idle
+    GPU as soon as any other job's epilog passed.)"""
+    fallback = now - lookback_s
+    every = _marker(state_dir / "all-gpus.last-epilog")
+    default = max(fallback, every) if every is not None else fallback
+    out: dict[int, float] = {}
+    try:
+        files = list(state_dir.glob("gpu-*.last-epilog"))
+    except OSError:
+        files = []
+    for f in files:
+        m = re.fullmatch(r"gpu-(\d+)\.last-epilog", f.name)
+        t = _marker(f)
+        if m and t is not None:
+            out[int(m.group(1))] = max(t, default)
+    return out, default
+
+
 def since_ts(phase: Phase, env: Mapping[str, str], state_dir: Path, now: float, lookback_s: float) -> float:
-    """Epoch s from which kernel-log XIDs count. Prolog: the last epilog's time (``last-epilog``
-    in ``state_dir``), else ``now - lookback_s``. Epilog: the job's prolog time
-    (``job-<id>.start``), else ``SLURM_JOB_START_TIME``, else ``now - lookback_s``."""
+    """Epoch s from which kernel-log events count. Prolog: node-level events (NVSwitch SXIDs, a
+    PCI address of no GPU) from the last epilog's time (``last-epilog`` in ``state_dir``), else
+    ``now - lookback_s`` (a GPU's own window: :func:`gpu_windows`). Epilog: the job's prolog
+    time (``job-<id>.start``), else ``SLURM_JOB_START_TIME``, else ``now - lookback_s``."""
     fallback = now - lookback_s
     files: list[Path] = []
     if phase == "prolog":
@@ -158,10 +194,9 @@ def since_ts(phase: Phase, env: Mapping[str, str], state_dir: Path, now: float, 
     elif phase == "epilog" and env.get("SLURM_JOB_ID"):
         files.append(state_dir / f"job-{env['SLURM_JOB_ID']}.start")
     for f in files:
-        try:
-            return float(f.read_text().strip())
-        except (OSError, ValueError):
-            pass
+        t = _marker(f)
+        if t is not None:
+            return t
     if phase == "epilog":
         try:
             return float(env["SLURM_JOB_START_TIME"])
