@@ -35,10 +35,10 @@ pid_of() {  # pidfile expected-comm -> prints pid if alive and matching
     return 1
 }
 stop() {  # pidfile comm [timeout-seconds]
-    local f=$1 want=$2 t=${3:-15} pid i
+    local f=$1 want=$2 t=${3:-15} pid
     if pid=$(pid_of "$f" "$want"); then
         kill "$pid" 2>/dev/null
-        for i in $(seq 1 $((t * 10))); do running "$pid" || break; sleep 0.1; done
+        for _ in $(seq 1 $((t * 10))); do running "$pid" || break; sleep 0.1; done
         if running "$pid"; then log "$want ($pid) did not exit, SIGKILL"; kill -9 "$pid" 2>/dev/null; fi
         log "stopped $want ($pid)"
     fi
@@ -47,10 +47,10 @@ stop() {  # pidfile comm [timeout-seconds]
 
 # cancel jobs first so no job processes outlive their slurmd
 if [ "${SLURM_STOP_KEEP_JOBS:-0}" != 1 ] && pid_of "$RUN/slurmctld.pid" slurmctld >/dev/null; then
-    jobs=$(squeue -h -o %i 2>/dev/null | tr '\n' ' ')
-    if [ -n "${jobs// /}" ]; then
-        log "cancelling jobs: $jobs"
-        scancel $jobs 2>/dev/null
+    mapfile -t jobs < <(squeue -h -o %i 2>/dev/null)
+    if [ "${#jobs[@]}" -gt 0 ]; then
+        log "cancelling jobs: ${jobs[*]}"
+        scancel "${jobs[@]}" 2>/dev/null
         for _ in $(seq 1 100); do
             [ -z "$(squeue -h -o %i 2>/dev/null)" ] && break; sleep 0.2
         done
