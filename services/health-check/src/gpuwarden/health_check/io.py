@@ -15,6 +15,7 @@ NVML itself is the collector's :class:`gpuwarden.collector.sources.Nvml` protoco
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -75,6 +76,8 @@ class SubprocessRunner:
         self._lock = threading.Lock()
 
     def run(self, argv: list[str], timeout_s: float) -> ToolOutput:
+        if shutil.which(argv[0]) is None:  # absent tools are common (ibstat on a RoCE node): no fork
+            raise ToolMissing(argv[0])
         try:
             p = subprocess.Popen(
                 argv,
