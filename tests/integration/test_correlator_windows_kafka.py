@@ -177,8 +177,9 @@ async def test_open_windows_survive_a_worker_restart(workers: Workers, kafka_boo
     await wait_for(lambda: metric(port_a, "gpuwarden_messages_in_total", "allocations") >= 1, "allocation", [a])
     # 0..7 s: window [T0, T0+10) is open when the worker stops.
     await produce(kafka_bootstrap, [(t("gpu.samples"), node.encode(), s.to_json()) for s in samples(node, range(8))])
+    # Attributed and windowed in the sample handler (gpu.attributed is not consumed back).
     await wait_for(
-        lambda: metric(port_a, "gpuwarden_messages_in_total", "gpu.attributed") >= 8, "8 attributed samples", [a]
+        lambda: metric(port_a, "gpuwarden_messages_out_total", "gpu.attributed") >= 8, "8 windowed samples", [a]
     )
     workers.stop(a)
 
@@ -199,6 +200,57 @@ async def test_open_windows_survive_a_worker_restart(workers: Workers, kafka_boo
     assert w0.utilization_gpu_pct_mean == 4.5
     # (gpuwarden_late_samples may be > 0 here: after a rebalance faust seeks back to the last
     # committed offset, and readings redelivered after their window closed count as late.)
+    workers.stop(b)
+
+
+async def _committed(bootstrap: str, group: str, topic: str) -> int:
+    """Sum of the group's committed offsets on ``topic`` (0 when none)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+        return sum(max(o.offset, 0) for tp, o in offsets.items() if tp.topic == topic)
+    finally:
+        await admin.close()
+
+
+async def test_open_windows_survive_a_worker_crash_after_a_commit(
+    workers: Workers, kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """The windows table is written to its changelog when a commit starts, not per sample:
+    a worker killed without a graceful stop must still have put everything the committed
+    offsets cover into the changelog (the rest is redelivered and folded by the next worker)."""
+    t = lambda short: f"{topic_prefix}{short}"
+    group = workers.env["GPUWARDEN_CONSUMER_GROUP"]
+    node = "gpu-node-002"
+    a, port_a = workers.start()
+    await produce(kafka_bootstrap, [(t("slurm.jobs"), b"2002", job("2002", [node]).to_json())])
+    await wait_for(lambda: metric(port_a, "gpuwarden_messages_in_total", "allocations") >= 1, "allocation", [a])
+    await produce(kafka_bootstrap, [(t("gpu.samples"), node.encode(), s.to_json()) for s in samples(node, range(8))])
+    await wait_for(
+        lambda: metric(port_a, "gpuwarden_messages_out_total", "gpu.attributed") >= 8, "8 windowed samples", [a]
+    )
+    # faust commits the offset of the last processed message (it resumes after it).
+    await wait_for(
+        lambda: asyncio.run(_committed(kafka_bootstrap, group, t("gpu.samples"))) >= 7, "the samples committed", [a]
+    )
+    os.killpg(a.pid, signal.SIGKILL)  # no graceful stop: no final commit, no flush
+    a.wait(10)
+
+    b, port_b = workers.start()
+    await produce(
+        kafka_bootstrap, [(t("gpu.samples"), node.encode(), s.to_json()) for s in samples(node, range(8, 17))]
+    )
+    await wait_for(
+        lambda: metric(port_b, "gpuwarden_messages_out_total", "job.windows") >= 2, "the first window", [b], 120
+    )
+    wins = await read_windows(kafka_bootstrap, t("job.windows"), 2)
+    assert sorted((k, w.job_id, w.gpu_index, w.window_start, w.samples) for k, w in wins) == [
+        (b"2002", "2002", 0, T0, 10),
+        (b"2002", "2002", 1, T0, 10),
+    ]
+    w0 = next(w for _, w in wins if w.gpu_index == 0)
+    assert (w0.memory_used_mib_first, w0.memory_used_mib_last, w0.utilization_gpu_pct_mean) == (0.0, 900.0, 4.5)
     workers.stop(b)
 
 
@@ -255,7 +307,7 @@ async def test_two_workers_split_partitions_and_produce_each_window_once(
     assert sorted({w.samples for _, w in wins}) == [5, 10]
     assert all(w.job_gpus == 2 * len(nodes) for _, w in wins)
     # Both workers got partitions and windowed samples.
-    got = [metric(p, "gpuwarden_messages_in_total", "gpu.attributed") for p in (port_a, port_b)]
+    got = [metric(p, "gpuwarden_messages_out_total", "gpu.attributed") for p in (port_a, port_b)]
     assert all(g > 0 for g in got), got
     assert sum(got) == len(nodes) * 26
     for p in (a, b):

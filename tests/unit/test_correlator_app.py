@@ -6,7 +6,9 @@ from collections.abc import Iterator
 from typing import Any
 from unittest.mock import patch
 
+import orjson
 import pytest
+from faust.types import TP
 from typer.testing import CliRunner
 
 import gpuwarden.correlator as correlator
@@ -63,10 +65,10 @@ def test_create_app_configuration(tmp_path: Any) -> None:
         "correlate-allocations",
         "correlate-gpu.samples",
         "correlate-gpu.events",
-        "correlate-gpu.attributed",
     }
     topics = {t for a in app.agents.values() for t in a.channel.topics}  # type: ignore[attr-defined]
-    assert topics == {"x.slurm.jobs", "x.allocations", "x.gpu.samples", "x.gpu.events", "x.gpu.attributed"}
+    # gpu.attributed is produced, not consumed back: samples are windowed where they are joined.
+    assert topics == {"x.slurm.jobs", "x.allocations", "x.gpu.samples", "x.gpu.events"}
     assert app.windows_table.changelog_topic.get_topic_name() == "gpuwarden-correlator-x.node-windows-changelog"
     assert app.windows_table.partitions == 2
     assert (app.core.window_s, app.core.window_grace_s) == (10.0, 5.0)
@@ -127,21 +129,41 @@ async def test_agents_join_samples_and_events_with_the_table(sent: list[tuple[st
     assert [d.source_topic for d in by_topic["x.deadletter"]] == ["x.slurm.jobs", "x.gpu.events"]
     assert app.first_output_at is not None
 
-    # The attributed samples it published go through the window agent: the window closes
-    # once a later sample pushes the node's watermark past its end + grace.
+    # The sample agent also windows what it attributes: the window closes once a later
+    # sample pushes the node's watermark past its end + grace.
+    assert not [s for s in sent if s[0] == "x.job.windows"]
     later = NodeSample(node=NODE, ts=30, collector_id="c", source="simulated", gpus=[GpuSample(index=0)])
     async with app.agents["correlate-gpu.samples"].test_context() as agent:
-        await agent.put(later.to_json(), key=NODE.encode())
-    attributed = [v for name, _k, v in sent if name == "x.gpu.attributed"]
-    async with app.agents["correlate-gpu.attributed"].test_context() as agent:
-        for v in attributed:
-            await agent.put(v, key=NODE.encode())
+        await agent.put(later.to_json(), key=NODE.encode(), partition=1)
+    assert len([s for s in sent if s[0] == "x.gpu.attributed"]) == 2
     windows = [(k, decode("job.windows", v)) for name, k, v in sent if name == "x.job.windows"]
     assert [(k, w.job_id, w.gpu_index, w.window_start, w.samples) for k, w in windows] == [
         (b"1001", "1001", 0, 10.0, 1),
         (b"1001", "1001", 1, 10.0, 1),
     ]
     assert set(app.windows_table.get(NODE)["w"]) == {"1001|0|30.0"}
+    # The windows table is changelogged in batches, when a commit starts: not on every sample.
+    assert app.windows_store.dirty == {NODE: 1}
+    assert not [s for s in sent if "node-windows-changelog" in s[0]]
+    # A commit starting flushes them: one record per dirty node, its partition, its state as JSON.
+    flushed: list[tuple[Any, ...]] = []
+
+    def send_changelog(partition: int, key: str, value: bytes, key_serializer: Any = None, **kw: Any) -> None:
+        flushed.append((partition, key, value, kw.get("value_serializer")))
+
+    with patch.object(app.windows_table, "send_changelog", send_changelog):
+        app.sensors.on_commit_initiated(app.consumer)
+        assert flushed == [(1, NODE, orjson.dumps(app.windows_table.get(NODE)), "raw")]
+        assert app.windows_store.dirty == {}
+        app.sensors.on_commit_initiated(app.consumer)  # nothing changed since: nothing sent
+        assert len(flushed) == 1
+    # Dirty nodes of a revoked partition are forgotten (their next owner reprocesses them).
+    app.windows_store.dirty = {NODE: 1, "other": 0, "third": 2}
+    app.windows_store.drop({1})
+    assert app.windows_store.dirty == {"other": 0, "third": 2}
+    # ... as faust's partitions-revoked signal delivers them (other topics' partitions do not count).
+    await app.on_partitions_revoked.send({TP("x.gpu.samples", 0), TP("x.gpu.events", 2)})
+    assert app.windows_store.dirty == {"third": 2}
 
 
 def test_cli_help() -> None:

@@ -105,6 +105,22 @@ def test_sample_and_event_are_attributed(core: Correlator) -> None:
     assert ev.job is not None and ev.job.job_id == "1001" and ev.job.gpu_index == 1
 
 
+def test_attributed_sample_is_exactly_the_pure_join(core: Correlator) -> None:
+    """The hot path builds the AttributedSample without re-validating and caches attributions
+    per node: the bytes must equal the pure join's, also across a job ending and expiring."""
+    from gpuwarden.shared.allocations import attribute_sample
+    from gpuwarden.shared.models import dumps
+
+    run(core, "slurm.jobs", job())
+    for ts, update in [(60.0, None), (61.0, None), (150.0, job("COMPLETED", ts=200.0, end_ts=190.0)), (195.0, None)]:
+        if update is not None:
+            run(core, "slurm.jobs", update)
+        allocs = core._allocations(NODE)
+        expected = dumps(attribute_sample(decode("gpu.samples", sample(ts)), allocs))  # type: ignore[arg-type]
+        [s] = [o for o in run(core, "gpu.samples", sample(ts)) if o.topic == "gpu.attributed"]
+        assert s.value == expected
+
+
 def test_sample_of_unknown_node_is_published_without_jobs(core: Correlator) -> None:
     [s] = run(core, "gpu.samples", sample(60.0))
     assert decode("gpu.attributed", s.value).jobs == []  # type: ignore[attr-defined]

@@ -12,7 +12,7 @@ from gpuwarden.correlator.core import Correlator, MemoryAllocationStore
 from gpuwarden.correlator.windows import add_sample, window_start
 from gpuwarden.shared.bus import decode
 from gpuwarden.shared.metrics import ServiceMetrics
-from gpuwarden.shared.models import AttributedSample, GpuAttribution, GpuSample, JobWindow, NodeSample, dumps
+from gpuwarden.shared.models import AttributedSample, GpuAttribution, GpuSample, JobState, JobWindow, NodeSample
 
 T0 = 1_700_000_000.0  # a multiple of 10
 
@@ -187,19 +187,72 @@ def test_replay_in_another_order_gives_identical_windows(seed: int) -> None:
     assert {w.job_id for w in in_order if w.node == "n2" and w.gpu_index == 0} == {"a", "b"}
 
 
-def test_correlator_handles_attributed_samples_late_and_bad() -> None:
+def test_correlator_windows_the_samples_it_attributes_late_and_bad() -> None:
     metrics = ServiceMetrics("correlator")
     c = Correlator(MemoryAllocationStore(), lambda s: f"x.{s}", metrics=metrics, window_s=10, window_grace_s=2)
-    g = [GpuSample(index=0, utilization_gpu_pct=50.0)]
-    assert c.handle("gpu.attributed", dumps(att("n1", T0 + 1, g, {0: "j"}))) == []
-    [out] = c.handle("gpu.attributed", dumps(att("n1", T0 + 12, g, {0: "j"})))
+    job = JobState(
+        job_id="j", ts=T0 - 10, state="RUNNING", user="alice", partition="gpu", nodes=["n1"], gpus={"n1": [0, 1]}
+    )
+    for o in c.handle("slurm.jobs", job.to_json()):
+        assert c.handle("allocations", o.value) == []
+
+    def sample(ts: float) -> bytes:
+        return NodeSample(
+            node="n1", ts=ts, collector_id="c", source="simulated", gpus=[GpuSample(index=0, utilization_gpu_pct=50.0)]
+        ).to_json()
+
+    [a] = c.handle("gpu.samples", sample(T0 + 1))
+    assert a.topic == "gpu.attributed"
+    [out, a] = c.handle("gpu.samples", sample(T0 + 12))
+    assert a.topic == "gpu.attributed"
     assert (out.topic, out.key) == ("job.windows", "j")
     w = decode("job.windows", out.value)
-    assert isinstance(w, JobWindow) and (w.window_start, w.samples) == (T0, 1)
-    assert c.handle("gpu.attributed", dumps(att("n1", T0 + 3, g, {0: "j"}))) == []
+    assert isinstance(w, JobWindow) and (w.window_start, w.samples, w.job_gpus) == (T0, 1, 2)
+    [a] = c.handle("gpu.samples", sample(T0 + 3))
     assert c.late_samples == 1
     assert metrics.registry.get_sample_value("gpuwarden_late_samples_total") == 1.0
-    [dl] = c.handle("gpu.attributed", b'{"sample": {}}', b"n1", 1, 42)
-    assert dl.topic == "deadletter" and b"x.gpu.attributed" in dl.value
+    [dl] = c.handle("gpu.samples", b'{"node": {}}', b"n1", 1, 42)
+    assert dl.topic == "deadletter" and b"x.gpu.samples" in dl.value
+    # Its own output looped back (the in-process runner routes every output) is ignored.
+    assert c.handle("gpu.attributed", a.value) == []
     # The state is plain JSON (it goes through the table's changelog).
     assert orjson.loads(orjson.dumps(c.windows.get("n1"))) == c.windows.get("n1")
+
+
+def test_correlator_windows_equal_the_pure_fold_of_what_it_publishes() -> None:
+    """Windowing in the sample handler (in place) gives exactly the windows of folding its
+    ``gpu.attributed`` output with the pure :func:`add_sample`, as the separate agent did."""
+    c = Correlator(MemoryAllocationStore(), lambda s: f"x.{s}", window_s=10, window_grace_s=5)
+    job = JobState(job_id="a", ts=T0 - 10, state="RUNNING", nodes=["n1", "n2"], gpus={"n1": [0, 1], "n2": [0, 1, 3]})
+    for o in c.handle("slurm.jobs", job.to_json()):
+        c.handle("allocations", o.value)
+    samples = [s.sample for s in _shuffle_within(_fleet(7), random.Random(7), 5) if s.sample.node in ("n1", "n2")]
+    samples += [NodeSample(node=n, ts=T0 + 200, collector_id="c", source="simulated", gpus=[]) for n in ("n1", "n2")]
+    published: list[AttributedSample] = []
+    windows: list[JobWindow] = []
+    for s in samples:
+        for o in c.handle("gpu.samples", s.to_json()):
+            if o.topic == "gpu.attributed":
+                published.append(decode("gpu.attributed", o.value))  # type: ignore[arg-type]
+            else:
+                windows.append(decode("job.windows", o.value))  # type: ignore[arg-type]
+    expected, late = run(published)
+    key = lambda w: (w.job_id, w.node, w.gpu_index, w.window_start)
+    assert late == [] and len(windows) == len(expected) > 0
+    assert sorted(windows, key=key) == sorted(expected, key=key)
+    assert [key(w) for w in windows] == [key(w) for w in expected]  # same order too
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_in_place_fold_equals_the_pure_one(seed: int) -> None:
+    samples = _shuffle_within(_fleet(seed), random.Random(seed), 5)
+    samples += [att(n, T0 + 200, [GpuSample(index=0)], {}) for n in ("n1", "n2", "n3")]
+    samples.insert(len(samples) // 2, samples[3])  # a redelivery
+    pure, _late = run(samples)
+    states: dict[str, Any] = {}
+    in_place: list[JobWindow] = []
+    for s in samples:
+        step = add_sample(states.get(s.sample.node), s, 10.0, 5.0, in_place=True)
+        assert states.setdefault(s.sample.node, step.state) is step.state
+        in_place += step.closed
+    assert in_place == pure and len(pure) == 3 * 6 * 3

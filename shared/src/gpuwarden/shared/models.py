@@ -294,7 +294,7 @@ class AttributedEvent(Model):
 class JobWindow(Model):
     """Summary of one GPU of one job over one tumbling window (``job.windows``, keyed by job id).
 
-    Built by the correlator from ``gpu.attributed`` in event time; the detector compares
+    Built by the correlator as it attributes each sample, in event time; the detector compares
     the GPUs of the same job (stragglers, idle GPUs, hangs) from these.
     """
 

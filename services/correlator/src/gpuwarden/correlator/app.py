@@ -4,13 +4,18 @@ Topology (section 3 of DESIGN.md)::
 
     slurm.jobs  --fan out per node-->  allocations (keyed by node)  --> table node -> allocations
     gpu.samples (keyed by node) --join with table--> gpu.attributed
+                                --and fold into table node -> open windows--> job.windows (keyed by job)
     gpu.events  (keyed by node) --join with table--> gpu.events.attributed
-    gpu.attributed (keyed by node) --table node -> open windows--> job.windows (keyed by job)
     bad input on any of them    -->  deadletter
 
-``allocations``, ``gpu.samples``, ``gpu.events`` and ``gpu.attributed`` are keyed by node with the same
+``allocations``, ``gpu.samples`` and ``gpu.events`` are keyed by node with the same
 partition count and the same (murmur2) partitioner, so the table partition holding a
 node's allocations is processed by the worker that gets that node's samples.
+
+The open-windows table is written to its changelog in batches (:class:`WindowTableStore`):
+a node's state is kept in the table's local store on every sample and sent to the changelog
+once per commit, when the commit starts (before faust takes the offsets to commit and flushes
+the producer), so the changelog always holds at least everything the committed offsets cover.
 
 Agents only move bytes: every decision is in :class:`~gpuwarden.correlator.core.Correlator`.
 Values use faust's ``raw`` serializer and are decoded by the correlator itself, so a
@@ -24,12 +29,14 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import faust
+import orjson
 from aiokafka import AIOKafkaClient
+from faust.streams import current_event
 
 from gpuwarden.shared.metrics import ServiceMetrics
 from gpuwarden.shared.service import HttpEndpoint
@@ -38,7 +45,15 @@ from gpuwarden.shared.topics import TOPICS
 from .core import INPUT_TOPICS, OUTPUT_TOPICS, Correlator
 from .settings import CorrelatorSettings
 
-__all__ = ["CorrelatorApp", "CorrelatorService", "TableStore", "broker_urls", "create_app", "discover_partitions"]
+__all__ = [
+    "CorrelatorApp",
+    "CorrelatorService",
+    "TableStore",
+    "WindowTableStore",
+    "broker_urls",
+    "create_app",
+    "discover_partitions",
+]
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +75,76 @@ class TableStore:
         self.table[node] = value
 
 
+class WindowTableStore:
+    """:class:`~gpuwarden.correlator.core.AllocationStore` over the open-windows faust Table,
+    changelogged in batches instead of on every write.
+
+    ``set`` puts the value in the table's local store only and marks the node dirty, with the
+    partition of the event being processed (the node's partition: the table is co-partitioned
+    with ``gpu.samples``). :meth:`flush` sends one changelog record per dirty node with its
+    state at that moment. The app calls it when a commit starts (:class:`_FlushOnCommit`): faust
+    takes the offsets to commit right after, then flushes the producer before committing them,
+    so every sample the committed offsets cover is in the changelog; samples processed later are
+    redelivered after a crash and the windows ignore readings they already hold. Dirty nodes of
+    revoked partitions are dropped (:meth:`drop`): nothing of theirs was committed since the last
+    flush, so the partition's next owner reprocesses them.
+    """
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+        #: node -> changelog partition, for nodes changed since the last flush.
+        self.dirty: dict[str, int] = {}
+        #: Changelog records sent (one per dirty node per flush).
+        self.flushed = 0
+
+    def get(self, node: str) -> dict[str, Any] | None:
+        return self.table.data.get(node)
+
+    def set(self, node: str, value: dict[str, Any]) -> None:
+        event = current_event()
+        if event is None:
+            raise RuntimeError("Cannot modify table outside of agent/stream.")
+        self.table.data[node] = value
+        self.dirty[node] = event.message.partition
+
+    def flush(self) -> int:
+        """Send the state of every dirty node to the changelog (queued on the producer); returns how many."""
+        dirty, self.dirty = self.dirty, {}
+        data = self.table.data
+        for node, partition in dirty.items():
+            value = data.get(node)
+            if value is not None:
+                # Serialised now (a snapshot), as JSON: what the table's json serializer restores.
+                self.table.send_changelog(partition, node, orjson.dumps(value), value_serializer="raw")
+        self.flushed += len(dirty)
+        return len(dirty)
+
+    def drop(self, partitions: Collection[int]) -> None:
+        """Forget dirty nodes of ``partitions`` (revoked: their next owner reprocesses them)."""
+        if partitions:
+            self.dirty = {n: p for n, p in self.dirty.items() if p not in partitions}
+
+
+class _FlushOnCommit(faust.Sensor):
+    """Flushes a :class:`WindowTableStore` when a consumer commit starts (synchronously, before
+    faust reads the acked offsets it is about to commit)."""
+
+    def __init__(self, store: WindowTableStore) -> None:
+        super().__init__()
+        self.store = store
+
+    def on_commit_initiated(self, consumer: Any) -> Any:
+        self.store.flush()
+        return None
+
+
 class CorrelatorApp(faust.App):
     """The faust app, with the correlator core and its table attached (see :func:`create_app`)."""
 
     core: Correlator
     allocations_table: Any
     windows_table: Any
+    windows_store: WindowTableStore
     first_output_at: float | None = None
 
 
@@ -139,19 +218,31 @@ def create_app(
         key_type=str,
         help="node -> {watermark, open (job, gpu, window) accumulators}",
     )
+    windows_store = WindowTableStore(windows_table)
+    app.sensors.add(_FlushOnCommit(windows_store))
+    samples_topic = settings.topic("gpu.samples")
+
+    def _drop_revoked(sender: Any, *args: Any, signal: Any = None, **_: Any) -> None:
+        revoked = args[0] if args else ()  # faust sends the revoked TopicPartitions
+        windows_store.drop({tp.partition for tp in revoked if tp.topic == samples_topic})
+
+    # (mode's stubs type receivers narrower than what it calls them with: (sender, *args, signal=...))
+    app.on_partitions_revoked.connect(cast(Any, _drop_revoked))
+
     core = Correlator(
         TableStore(table),
         settings.topic,
         settings.correlator_retention_s,
         metrics or ServiceMetrics("correlator"),
         clock,
-        windows=TableStore(windows_table),
+        windows=windows_store,
         window_s=settings.correlator_window_s,
         window_grace_s=settings.correlator_window_grace_s,
     )
     app.core = core
     app.allocations_table = table
     app.windows_table = windows_table
+    app.windows_store = windows_store
     outputs = {s: app.topic(settings.topic(s), key_serializer="raw", value_serializer="raw") for s in OUTPUT_TOPICS}
 
     def make_agent(short: str) -> Callable[[Any], Any]:
@@ -189,17 +280,15 @@ async def discover_partitions(settings: CorrelatorSettings, timeout_s: float = 3
     finally:
         await client.close()
     counts: dict[str, int] = {}
-    for short in (*INPUT_TOPICS, "gpu.events.attributed", "job.windows", "deadletter"):
+    for short in (*INPUT_TOPICS, *(t for t in OUTPUT_TOPICS if t not in INPUT_TOPICS)):
         full = settings.topic(short)
         p = md.partitions_for_topic(full)
         if not p:
             raise RuntimeError(f"topic {full} does not exist: create the topics first (gpuwarden topics create)")
         counts[short] = len(p)
-    keyed = {counts[s] for s in ("allocations", "gpu.samples", "gpu.events", "gpu.attributed")}
+    keyed = {counts[s] for s in ("allocations", "gpu.samples", "gpu.events")}
     if len(keyed) != 1:
-        raise RuntimeError(
-            f"allocations, gpu.samples, gpu.events and gpu.attributed must have the same partition count: {counts}"
-        )
+        raise RuntimeError(f"allocations, gpu.samples and gpu.events must have the same partition count: {counts}")
     return keyed.pop()
 
 

@@ -3,9 +3,10 @@
 For each worker count: a fresh topic prefix and consumer group, a backlog of ``nodes x ticks``
 ``NodeSample`` messages (``gpus`` GPUs each, all held by one job) produced before the workers
 start, then ``python -m gpuwarden.correlator`` worker processes. The clock runs from the first
-consumed sample to the moment every sample has gone through the window agent
-(``gpuwarden_messages_in_total{topic="gpu.attributed"}`` summed over the workers' ``/metrics``),
-so start-up is not counted. Prints GPU samples/s per worker count and the ratio.
+consumed sample to the moment every sample has been attributed and windowed (both happen in
+the sample handler; ``gpuwarden_messages_out_total{topic="gpu.attributed"}``, counted after
+it, summed over the workers' ``/metrics``), so start-up is not counted. Prints GPU samples/s
+per worker count and the ratio.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def _run(bootstrap: str, workers: int, nodes: int, ticks: int, gpus: int, partit
                 _metric(port, "gpuwarden_messages_in_total", "gpu.samples") > 0 for _, port in procs
             ):
                 started = time.monotonic()
-            done = sum(_metric(port, "gpuwarden_messages_in_total", "gpu.attributed") for _, port in procs)
+            done = sum(_metric(port, "gpuwarden_messages_out_total", "gpu.attributed") for _, port in procs)
             if done >= total and started is not None:
                 return total * gpus / (time.monotonic() - started)
             if any(p.poll() is not None for p, _ in procs):

@@ -25,7 +25,7 @@ from gpuwarden.shared.allocations import (
     Allocation,
     apply_allocation,
     attribute_event,
-    attribute_sample,
+    attributions_at,
     dump_allocations,
     expire,
     fan_out,
@@ -33,7 +33,15 @@ from gpuwarden.shared.allocations import (
 )
 from gpuwarden.shared.bus import decode
 from gpuwarden.shared.metrics import ServiceMetrics
-from gpuwarden.shared.models import AttributedSample, DeadLetter, GpuEvent, JobState, NodeSample, dumps
+from gpuwarden.shared.models import (
+    AttributedSample,
+    DeadLetter,
+    GpuAttribution,
+    GpuEvent,
+    JobState,
+    NodeSample,
+    dumps,
+)
 
 from .windows import add_sample
 
@@ -42,7 +50,8 @@ __all__ = ["INPUT_TOPICS", "OUTPUT_TOPICS", "AllocationStore", "Correlator", "Me
 log = logging.getLogger(__name__)
 
 #: Short names of the topics the correlator consumes (``allocations`` is its own repartition).
-INPUT_TOPICS = ("slurm.jobs", "allocations", "gpu.samples", "gpu.events", "gpu.attributed")
+#: ``gpu.attributed`` is produced, not consumed: a sample is windowed where it is joined.
+INPUT_TOPICS = ("slurm.jobs", "allocations", "gpu.samples", "gpu.events")
 #: Short names of the topics it produces.
 OUTPUT_TOPICS = ("allocations", "gpu.attributed", "gpu.events.attributed", "job.windows", "deadletter")
 
@@ -117,13 +126,20 @@ class Correlator:
         self.metrics = metrics
         self.clock = clock
         self._parsed: dict[str, tuple[Any, dict[str, Allocation]]] = {}
+        #: node -> (the allocations dict it was computed from, (coverage, GPU indices) -> attributions):
+        #: the attributions of a node only change when its allocations do or a job starts/ends.
+        self._attributions: dict[str, tuple[dict[str, Allocation], dict[Any, list[GpuAttribution]]]] = {}
         self._handlers: dict[str, Callable[[bytes | None], list[Output]]] = {
             "slurm.jobs": self._on_job,
             "allocations": self._on_allocation,
             "gpu.samples": self._on_sample,
             "gpu.events": self._on_event,
-            "gpu.attributed": self._on_attributed,
+            # Its own output, looped back by callers that route every output (the in-process
+            # runner): already windowed when it was attributed, so it is accepted and ignored.
+            "gpu.attributed": _ignore,
         }
+        self._in = {t: metrics.messages_in.labels(t) for t in self._handlers} if metrics else {}
+        self._out = {t: metrics.messages_out.labels(t) for t in OUTPUT_TOPICS} if metrics else {}
 
     def handle(
         self, topic: str, value: bytes | None, key: bytes | None = None, partition: int = 0, offset: int = -1
@@ -137,7 +153,7 @@ class Correlator:
         """
         handler = self._handlers[topic]
         if self.metrics:
-            self.metrics.messages_in.labels(topic).inc()
+            self._in[topic].inc()
         try:
             outs = handler(value)
         except (ValueError, ValidationError) as exc:
@@ -149,7 +165,7 @@ class Correlator:
             outs = [self._dead_letter(topic, value, key, partition, offset, f"handler: {type(exc).__name__}: {exc}")]
         if self.metrics:
             for o in outs:
-                self.metrics.messages_out.labels(o.topic).inc()
+                self._out[o.topic].inc()
         return outs
 
     # -- per topic ----------------------------------------------------------------
@@ -173,24 +189,44 @@ class Correlator:
         return []
 
     def _on_sample(self, value: bytes | None) -> list[Output]:
+        """Join the sample with the node's jobs (-> ``gpu.attributed``) and fold it into the
+        node's windows (-> ``job.windows`` for the windows it closes), in one pass.
+
+        The input is validated once (:func:`~gpuwarden.shared.bus.decode`); what is built from
+        it afterwards is not validated again.
+        """
         sample = decode("gpu.samples", value)
         assert isinstance(sample, NodeSample)
-        allocs = self._expired(sample.node, sample.ts)
-        return [Output("gpu.attributed", sample.node, dumps(attribute_sample(sample, allocs)))]
-
-    def _on_event(self, value: bytes | None) -> list[Output]:
-        event = decode("gpu.events", value)
-        assert isinstance(event, GpuEvent)
-        allocs = self._expired(event.node, event.ts)
-        return [Output("gpu.events.attributed", event.node, dumps(attribute_event(event, allocs)))]
-
-    def _on_attributed(self, value: bytes | None) -> list[Output]:
-        att = decode("gpu.attributed", value)
-        assert isinstance(att, AttributedSample)
-        node = att.sample.node
-        step = add_sample(self.windows.get(node), att, self.window_s, self.window_grace_s)
+        node = sample.node
+        allocs = self._expired(node, sample.ts)
+        att = AttributedSample.model_construct(sample=sample, jobs=self._attribute(node, allocs, sample))
+        # Unattributed samples fold nothing but still move the node's watermark (and may close windows).
+        step = add_sample(self.windows.get(node), att, self.window_s, self.window_grace_s, in_place=True)
         self.windows.set(node, step.state)
-        for job, _node, gpu, start in step.late:
+        if step.late:
+            self._late(node, sample.ts, step.late)
+        # The windows this sample closed come first: the order in which a consumer of every
+        # output in turn (the in-process runner) saw them when they came from gpu.attributed.
+        outs = [Output("job.windows", w.job_id, dumps(w)) for w in step.closed]
+        outs.append(Output("gpu.attributed", node, dumps(att)))
+        return outs
+
+    def _attribute(self, node: str, allocs: dict[str, Allocation], sample: NodeSample) -> list[GpuAttribution]:
+        """:func:`~gpuwarden.shared.allocations.attributions_at` of the sample, cached per node."""
+        indices = tuple(g.index for g in sample.gpus)
+        ts = sample.ts
+        key = (tuple(a.covers(ts) for a in allocs.values()), indices)
+        cached = self._attributions.get(node)
+        if cached is None or cached[0] is not allocs:
+            cached = (allocs, {})
+            self._attributions[node] = cached
+        jobs = cached[1].get(key)
+        if jobs is None:
+            jobs = cached[1][key] = attributions_at(allocs, ts, indices)
+        return list(jobs)
+
+    def _late(self, node: str, ts: float, late: list[Any]) -> None:
+        for job, _node, gpu, start in late:
             self.late_samples += 1
             if self._late_counter is not None:
                 self._late_counter.inc()
@@ -200,10 +236,15 @@ class Correlator:
                 node,
                 gpu,
                 start,
-                att.sample.ts,
+                ts,
                 self.window_grace_s,
             )
-        return [Output("job.windows", w.job_id, dumps(w)) for w in step.closed]
+
+    def _on_event(self, value: bytes | None) -> list[Output]:
+        event = decode("gpu.events", value)
+        assert isinstance(event, GpuEvent)
+        allocs = self._expired(event.node, event.ts)
+        return [Output("gpu.events.attributed", event.node, dumps(attribute_event(event, allocs)))]
 
     # -- helpers --------------------------------------------------------------------
     def _allocations(self, node: str) -> dict[str, Allocation]:
@@ -226,7 +267,8 @@ class Correlator:
         kept = expire(allocs, ts, self.retention_s)
         if len(kept) != len(allocs):
             self._store(node, kept)
-        return kept
+            return kept
+        return allocs  # unchanged: the same object, so per-node caches stay valid
 
     def _dead_letter(
         self, topic: str, value: bytes | None, key: bytes | None, partition: int, offset: int, error: str
@@ -246,6 +288,10 @@ class Correlator:
             ts=self.clock(),
         )
         return Output("deadletter", full, dumps(dl))
+
+
+def _ignore(value: bytes | None) -> list[Output]:
+    return []
 
 
 def _short_error(exc: Exception) -> str:

@@ -1,4 +1,4 @@
-"""Per (job, node, GPU) tumbling windows over ``gpu.attributed``, as pure functions over plain data.
+"""Per (job, node, GPU) tumbling windows over attributed samples, as functions over plain data.
 
 The state of one node is a JSON-able dict (it lives in a faust table whose changelog
 restores it after a restart)::
@@ -9,7 +9,8 @@ restores it after a restart)::
 :func:`add_sample` folds one :class:`~gpuwarden.shared.models.AttributedSample` into that
 state and returns the new state, the windows it closed (as
 :class:`~gpuwarden.shared.models.JobWindow`) and the windows it came too late for. It does
-not mutate its input.
+not mutate its input, unless asked to (``in_place=True``: the correlator's hot path, which
+owns the state and gets identical results without copying it).
 
 Rules (event time only, no wall clock anywhere):
 
@@ -54,6 +55,9 @@ _LAST = {
     "memory_total_mib": "memory_total_mib",
     "gpu_uuid": "uuid",
 }
+_MEANS_ITEMS = tuple(_MEANS.items())
+_LAST_ITEMS = tuple(_LAST.items())
+_IDLE_ONLY = frozenset({IDLE_REASON})
 
 WindowKey = tuple[str, str, int, float]
 """Dedupe key of a window: (job id, node, GPU index, window start epoch s)."""
@@ -78,10 +82,6 @@ class WindowStep:
 def window_start(ts: float, size_s: float) -> float:
     """Start (epoch s, inclusive) of the ``size_s``-second tumbling window holding ``ts``."""
     return math.floor(ts / size_s) * size_s
-
-
-def _fix(v: float) -> int:
-    return round(v * _SCALE)
 
 
 def _new_acc(job: str, node: str, gpu: int, start: float, size_s: float, att: Any) -> dict[str, Any]:
@@ -124,39 +124,59 @@ def _min(a: float | None, b: float | None) -> float | None:
 def _fold(acc: dict[str, Any], ts: float, g: GpuSample) -> dict[str, Any]:
     """A new accumulator with one GPU reading at ``ts`` folded in (``acc`` is not changed)."""
     new = dict(acc)
-    new["ts"] = [*acc["ts"], ts]
-    sums = {k: list(v) for k, v in acc["sum"].items()}
-    for out, src in _MEANS.items():
+    new["ts"] = list(acc["ts"])
+    new["sum"] = {k: list(v) for k, v in acc["sum"].items()}
+    new["last"] = dict(acc["last"])
+    _fold_into(new, ts, g)
+    return new
+
+
+def _fold_into(acc: dict[str, Any], ts: float, g: GpuSample) -> None:
+    """Fold one GPU reading at ``ts`` into ``acc`` in place.
+
+    Only ``acc["ts"]``, the ``[sum, count]`` lists of ``acc["sum"]`` and the ``acc["sum"]`` and
+    ``acc["last"]`` dicts are mutated; every other nested value is replaced, not changed
+    (:func:`_fold` copies exactly those before calling this).
+    """
+    acc["ts"].append(ts)
+    sums = acc["sum"]
+    for out, src in _MEANS_ITEMS:
         v = getattr(g, src)
         if v is not None:
-            s = sums.setdefault(out, [0, 0])
-            s[0] += _fix(v)
-            s[1] += 1
-    new["sum"] = sums
-    last = dict(acc["last"])
-    for out, src in _LAST.items():
+            s = sums.get(out)
+            if s is None:
+                sums[out] = [round(v * _SCALE), 1]
+            else:
+                s[0] += round(v * _SCALE)
+                s[1] += 1
+    last = acc["last"]
+    for out, src in _LAST_ITEMS:
         v = getattr(g, src)
-        if v is not None and (out not in last or ts >= last[out][0]):
-            last[out] = [ts, v]
-    new["last"] = last
-    new["util_min"] = _min(acc["util_min"], g.utilization_gpu_pct)
-    new["util_max"] = _max(acc["util_max"], g.utilization_gpu_pct)
-    if g.memory_used_mib is not None:
-        m = g.memory_used_mib
+        if v is not None:
+            cur = last.get(out)
+            if cur is None or ts >= cur[0]:
+                last[out] = [ts, v]
+    u = g.utilization_gpu_pct
+    if u is not None:
+        acc["util_min"] = _min(acc["util_min"], u)
+        acc["util_max"] = _max(acc["util_max"], u)
+    m = g.memory_used_mib
+    if m is not None:
         if acc["mem_first"] is None or ts < acc["mem_first"][0]:
-            new["mem_first"] = [ts, m]
+            acc["mem_first"] = [ts, m]
         if acc["mem_last"] is None or ts > acc["mem_last"][0]:
-            new["mem_last"] = [ts, m]
-        new["mem_max"] = _max(acc["mem_max"], m)
-    new["temp_max"] = _max(acc["temp_max"], g.temperature_c)
-    reasons = set(g.throttle_reasons)
-    if reasons - {IDLE_REASON}:
-        new["throttled"] = acc["throttled"] + 1
-    if reasons:
-        new["reasons"] = sorted(set(acc["reasons"]) | reasons)
+            acc["mem_last"] = [ts, m]
+        acc["mem_max"] = _max(acc["mem_max"], m)
+    acc["temp_max"] = _max(acc["temp_max"], g.temperature_c)
+    tr = g.throttle_reasons
+    if tr:
+        reasons = set(tr)
+        if reasons - _IDLE_ONLY:
+            acc["throttled"] += 1
+        if not reasons.issubset(acc["reasons"]):
+            acc["reasons"] = sorted(reasons.union(acc["reasons"]))
     if g.processes is not None:
-        new["procs_max"] = int(_max(acc["procs_max"], len(g.processes)) or 0)
-    return new
+        acc["procs_max"] = int(_max(acc["procs_max"], len(g.processes)) or 0)
 
 
 def summarise(acc: dict[str, Any]) -> JobWindow:
@@ -213,8 +233,12 @@ def _key(job: str, gpu: int, start: float) -> str:
     return f"{job}|{gpu}|{start!r}"
 
 
-def close_due(state: dict[str, Any], grace_s: float) -> WindowStep:
-    """Close every open window with ``window_end + grace_s <= state["wm"]``; pure."""
+def close_due(state: dict[str, Any], grace_s: float, *, in_place: bool = False) -> WindowStep:
+    """Close every open window with ``window_end + grace_s <= state["wm"]``.
+
+    Pure by default; with ``in_place`` the closed windows are removed from ``state["w"]``
+    itself and the returned step's state is ``state``.
+    """
     wm = state.get("wm")
     windows: dict[str, Any] = state.get("w", {})
     if wm is None:
@@ -222,28 +246,45 @@ def close_due(state: dict[str, Any], grace_s: float) -> WindowStep:
     due = [k for k, acc in windows.items() if acc["end"] + grace_s <= wm]
     if not due:
         return WindowStep(state)
-    gone = set(due)
-    kept = {k: acc for k, acc in windows.items() if k not in gone}
     accs = sorted((windows[k] for k in due), key=lambda a: (a["start"], a["job"], a["gpu"]))
-    return WindowStep({"wm": wm, "w": kept}, [summarise(a) for a in accs])
+    if in_place:
+        for k in due:
+            del windows[k]
+        new_state = state
+    else:
+        gone = set(due)
+        new_state = {"wm": wm, "w": {k: acc for k, acc in windows.items() if k not in gone}}
+    return WindowStep(new_state, [summarise(a) for a in accs])
 
 
 def add_sample(
-    state: dict[str, Any] | None, sample: AttributedSample, size_s: float = 10.0, grace_s: float = 5.0
+    state: dict[str, Any] | None,
+    sample: AttributedSample,
+    size_s: float = 10.0,
+    grace_s: float = 5.0,
+    *,
+    in_place: bool = False,
 ) -> WindowStep:
     """Fold one attributed sample (one node, one tick) into the node's window state.
 
     Args:
-        state: the node's state (``None`` for a node never seen); not mutated.
+        state: the node's state (``None`` for a node never seen); not mutated unless
+            ``in_place``.
         sample: the sample and its per-GPU job attribution.
         size_s: window length, s (event time).
         grace_s: how long after a window's end (in the node's event time) it stays open
             for late and out-of-order samples, s.
+        in_place: update ``state`` itself (and return it as the step's state) instead of
+            copying what changes: same result, no copies (the correlator's hot path, which
+            owns its state). The caller must not keep references into the old state.
 
     Returns:
         The new state, the windows this sample's watermark closed and the late windows.
     """
-    state = state or {"wm": None, "w": {}}
+    if state is None:
+        state = {"wm": None, "w": {}}
+    elif in_place and "w" not in state:
+        state["w"] = {}
     wm_old: float | None = state.get("wm")
     ts = sample.sample.ts
     node = sample.sample.node
@@ -252,21 +293,35 @@ def add_sample(
     windows: dict[str, Any] = state.get("w", {})
     by_index = {g.index: g for g in sample.sample.gpus}
     new_windows = windows
+    too_late = wm_old is not None and start + size_s + grace_s <= wm_old
     for att in sample.jobs:
         g = by_index.get(att.gpu_index)
         if g is None:
             continue
-        if wm_old is not None and start + size_s + grace_s <= wm_old:
+        if too_late:
             late.append((att.job_id, node, att.gpu_index, start))
             continue
         k = _key(att.job_id, att.gpu_index, start)
-        acc = windows.get(k) or _new_acc(att.job_id, node, att.gpu_index, start, size_s, att)
-        if ts in acc["ts"]:
+        acc = windows.get(k)
+        if acc is None:
+            acc = _new_acc(att.job_id, node, att.gpu_index, start, size_s, att)
+            if in_place:
+                windows[k] = acc
+                _fold_into(acc, ts, g)
+                continue
+        elif ts in acc["ts"]:
             continue  # redelivered
+        if in_place:
+            _fold_into(acc, ts, g)
+            continue
         if new_windows is windows:
             new_windows = dict(windows)
         new_windows[k] = _fold(acc, ts, g)
     wm = ts if wm_old is None else max(wm_old, ts)
-    step = close_due({"wm": wm, "w": new_windows}, grace_s)
+    if in_place:
+        state["wm"] = wm
+        step = close_due(state, grace_s, in_place=True)
+    else:
+        step = close_due({"wm": wm, "w": new_windows}, grace_s)
     step.late = late
     return step
