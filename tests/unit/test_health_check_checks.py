@@ -750,3 +750,40 @@ async def test_tools_still_running_after_the_budget_are_killed(tmp_path: Path) -
     pid = int((tmp_path / "pid").read_text())
     time.sleep(0.2)
     assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def _fabric_nvml(states: dict[int, tuple[int, int]], unsupported: bool = False) -> FakeNvml:
+    """FakeNvml with nvidia-ml-py's GPU fabric call: GPU index -> (state, status)."""
+    import pynvml
+
+    class Fabric(FakeNvml):
+        c_nvmlGpuFabricInfo_t = pynvml.c_nvmlGpuFabricInfo_t
+
+        def nvmlDeviceGetGpuFabricInfo(self, handle: object, ref: object) -> int:
+            if unsupported:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            info = ref._obj  # type: ignore[attr-defined]  # ctypes.byref(...)
+            info.state, info.status = states.get(handle.index, (3, 0))  # type: ignore[attr-defined]
+            return 0
+
+    base = fake()
+    nv = Fabric(base.scenario, base.clock, NODE)
+    nv.t = base.t
+    return nv
+
+
+def test_fabric_registration_of_nvswitch_gpus() -> None:
+    r = run1("fabric", inputs(_fabric_nvml({})))
+    assert (r.status, r.reason) == (Status.OK, "8 GPU(s) registered with the NVLink fabric")
+    r = run1("fabric", inputs(_fabric_nvml({2: (1, 0)})))  # fabric manager not running
+    assert r.status == Status.CRITICAL
+    assert r.reason == "GPU 2: NVLink fabric not started (is nvidia-fabricmanager running?)" and r.gpu_index == 2
+    assert run1("fabric", inputs(_fabric_nvml({2: (1, 0)})), gpus=[0, 1]).status == Status.OK  # not the job's
+    r = run1("fabric", inputs(_fabric_nvml({5: (3, 999)})))
+    assert r.status == Status.CRITICAL and "GPU 5: NVLink fabric registration failed (NVML status 999)" in r.reason
+    # PCIe / A100 GPUs: state "not supported", or the call itself not supported
+    r = run1("fabric", inputs(_fabric_nvml({g: (0, 0) for g in range(8)})))
+    assert (r.status, r.reason) == (Status.OK, "8 GPU(s) without an NVSwitch fabric")
+    assert run1("fabric", inputs(_fabric_nvml({}, unsupported=True))).status == Status.OK
+    r = run1("fabric", inputs())  # an NVML without the call (drivers before R530)
+    assert r.status == Status.OK and "not checked" in r.reason

@@ -24,6 +24,8 @@ pcie            CRITICAL link width below its maximum; WARNING generation below 
                 a busy GPU (idle GPUs lower the generation to save power)
 nvlink          CRITICAL an inactive link on a job GPU of a node with NVLink (or fewer active
                 links than expected); a node where no GPU has an active link has none
+fabric          CRITICAL a job GPU whose NVSwitch fabric registration is not completed or failed
+                (HGX H100+: nvidia-fabricmanager down); GPUs without a fabric are OK
 clocks          CRITICAL HW slowdown / HW thermal slowdown / HW power brake; WARNING SW thermal
 infiniband      CRITICAL an InfiniBand port not ACTIVE/LinkUp (or fewer ACTIVE than required),
                 below the expected rate (Ethernet/RoCE and ignored ports left out); ports from
@@ -36,6 +38,7 @@ dcgm            CRITICAL a Fail; WARNING a Warn or a Skip (skip is not pass); UN
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import re
 import threading
@@ -547,6 +550,47 @@ def check_nvlink(inp: Inputs, ctx: Context) -> CheckResult:
     return res
 
 
+_FABRIC_STATE = {0: "not supported", 1: "not started", 2: "in progress", 3: "completed"}
+
+
+def check_fabric(inp: Inputs, ctx: Context) -> CheckResult:
+    """NVSwitch fabric registration of each job GPU (``nvmlDeviceGetGpuFabricInfo``, HGX/DGX
+    H100 and later with nvidia-fabricmanager): CRITICAL while the state is not ``completed`` or
+    registration ended with an error; such a GPU fails every CUDA call ("system not yet
+    initialized"). GPUs without a fabric (PCIe, A100 HGX: state "not supported", or an NVML
+    without the call) are OK."""
+    nv, hs, errs = _handles(inp, ctx)
+    probs: list[tuple[Status, str, int | None]] = [(Status.CRITICAL, e, None) for e in errs]
+    fn = getattr(nv, "nvmlDeviceGetGpuFabricInfo", None)
+    struct = getattr(nv, "c_nvmlGpuFabricInfo_t", None)
+    if fn is None or struct is None:
+        return _result("fabric", probs, "NVML has no GPU fabric call (driver < R530): not checked")
+    fabric = 0
+    for i, h in hs:
+        info = struct()
+        try:
+            fn(h, ctypes.byref(info))
+        except nv.NVMLError as exc:
+            if "Not Supported" in str(exc) or "Function Not Found" in str(exc):
+                continue
+            probs.append((Status.UNKNOWN, f"GPU {i}: fabric state unreadable ({_nvml_err(exc)})", i))
+            continue
+        state = int(info.state)
+        if state == 0:
+            continue
+        fabric += 1
+        if state != 3:
+            why = f"NVLink fabric {_FABRIC_STATE.get(state, state)} (is nvidia-fabricmanager running?)"
+            probs.append((Status.CRITICAL, f"GPU {i}: {why}", i))
+        elif int(info.status) != 0:
+            probs.append(
+                (Status.CRITICAL, f"GPU {i}: NVLink fabric registration failed (NVML status {int(info.status)})", i)
+            )
+    if not fabric and not probs:
+        return CheckResult("fabric", Status.OK, f"{len(hs)} GPU(s) without an NVSwitch fabric")
+    return _result("fabric", probs, f"{fabric} GPU(s) registered with the NVLink fabric")
+
+
 # -- kernel log -------------------------------------------------------------------------
 
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 69})
@@ -856,6 +900,7 @@ CHECKS: dict[str, CheckSpec] = {
         CheckSpec("xid", check_xid, _ALL),
         CheckSpec("pcie", check_pcie, _ALL),
         CheckSpec("nvlink", check_nvlink, _ALL),
+        CheckSpec("fabric", check_fabric, _ALL),
         CheckSpec("clocks", check_clocks, _ALL),
         CheckSpec("infiniband", check_infiniband, _ALL),
         CheckSpec("dcgm", check_dcgm, frozenset()),  # only by name or with a dcgm level > 0
