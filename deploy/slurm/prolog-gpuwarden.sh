@@ -120,6 +120,8 @@ ceil_pos() {
     printf '%s' "$i"
 }
 budget=${GPUWARDEN_HEALTH_BUDGET_S:-10}
+budget=${budget//[[:space:]]/}   # pydantic reads " 20" as 20: so must the guard
+[ -n "$budget" ] || budget=10
 if ! b=$(ceil_pos "$budget"); then
     warn "GPUWARDEN_HEALTH_BUDGET_S='$(printable "$budget" 40)' is not a plain positive number: guard derived from 10 s"
     b=10
@@ -196,6 +198,8 @@ for code in ${fail_on[@]+"${fail_on[@]}"}; do
             current=$(scontrol -o show node "$node" 2>/dev/null)
             if [[ $current =~ \ State=[^\ ]*DRAIN ]] && [[ $current =~ \ Reason=[^\ ] ]]; then
                 msg="$msg (node already drained: reason kept)"
+                printf '%s node=%s job=%s phase=%s drain skipped: node already drained, its reason kept\n' \
+                    "$(date -u +%FT%TZ)" "$node" "$job" "$phase" >>"$logf" 2>/dev/null || true
             else
                 reason="gpuwarden $phase: ${line:0:200}"
                 scontrol update nodename="$node" state=drain reason="$reason" >/dev/null 2>&1 || true

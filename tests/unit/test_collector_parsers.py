@@ -280,3 +280,12 @@ def test_same_line_same_event_id() -> None:
     a = parse_kernel_log_line(line, "n", 5.0)
     b = parse_kernel_log_line(line, "n", 5.0)
     assert a is not None and b is not None and a.event_id == b.event_id
+
+
+def test_syslog_line_of_december_read_on_new_years_day_is_last_year() -> None:
+    from datetime import UTC, datetime
+
+    now = datetime(2027, 1, 1, 0, 5, tzinfo=UTC).timestamp()
+    line = "Dec 31 23:59:00 node kernel: NVRM: Xid (PCI:0000:ab:00): 48, pid=1, name=x, DBE (0x00000000)"
+    ev = parse_kernel_log_line(line, "node", now)
+    assert ev is not None and datetime.fromtimestamp(ev.ts, UTC) == datetime(2026, 12, 31, 23, 59, tzinfo=UTC)

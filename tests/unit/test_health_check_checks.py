@@ -184,7 +184,8 @@ def test_xid_job_aware_maps_bus_id_to_gpu() -> None:
 @pytest.mark.parametrize(
     ("fixture", "status", "code"),
     [
-        ("xid79-fallen-off-bus-short.txt", Status.CRITICAL, "XID 79"),  # no stamp: counted (read time)
+        # no wall-clock stamp: counted, but WARNING (it would be counted again on every later run)
+        ("xid79-fallen-off-bus-short.txt", Status.WARNING, "XID 79 on PCI 0000:44:00.0 (undated log line)"),
         ("xid13-43-sm-warp-exception-burst.txt", Status.WARNING, "XID 13"),
     ],
 )
@@ -577,6 +578,7 @@ def test_cli_prolog_exit_codes(tmp_path: Path, faults: str, rc: int, start: str)
         "GPUWARDEN_HEALTH_STATE_DIR": str(tmp_path / "st"),
         "GPUWARDEN_HEALTH_KERNEL_LOG": str(tmp_path / "kern.log"),
     }
+    (tmp_path / "kern.log").touch()
     exe = Path(sys.executable).with_name("gpuwarden")
     p = subprocess.run(
         [str(exe), "health-check", "prolog", "--no-publish"], env=env, capture_output=True, text=True, timeout=60
@@ -787,3 +789,95 @@ def test_fabric_registration_of_nvswitch_gpus() -> None:
     assert run1("fabric", inputs(_fabric_nvml({}, unsupported=True))).status == Status.OK
     r = run1("fabric", inputs())  # an NVML without the call (drivers before R530)
     assert r.status == Status.OK and "not checked" in r.reason
+
+
+# -- second review: windows, markers, unreadable sources ---------------------------------------
+
+
+def test_infiniband_tools_that_hang_or_print_garbage_are_unknown_not_ok(tmp_path: Path) -> None:
+    runner = FakeRunner({"ibstat": 0.01, "ibstatus": ToolOutput(0, "garbage\n"), "ibv_devinfo": ToolOutput(255, "")})
+    r = run1("infiniband", inputs(runner=runner, sysfs_root=tmp_path))
+    assert r.status == Status.UNKNOWN and r.reason.startswith("InfiniBand ports unreadable: ibstat")
+    assert "ibstatus output unreadable" in r.reason
+    # tools that exit non-zero ("No IB devices found") mean no ports
+    none = FakeRunner({"ibstat": ToolOutput(255, ""), "ibv_devinfo": ToolOutput(255, "", "No IB devices found")})
+    assert run1("infiniband", inputs(runner=none, sysfs_root=tmp_path)).reason == "no InfiniBand ports"
+
+
+def test_missing_kernel_log_file_is_unknown(tmp_path: Path) -> None:
+    r = run1("xid", inputs(log=FileLog(tmp_path / "nope.log")))
+    assert r.status == Status.UNKNOWN and r.reason.startswith("kernel log unreadable: FileNotFoundError")
+
+
+async def test_epilog_markers_need_a_conclusive_xid_check(tmp_path: Path) -> None:
+    t0 = 1_700_000_000.0
+    s = HealthCheckSettings(health_state_dir=tmp_path, health_node=NODE)
+    env = {"SLURMD_NODENAME": NODE, "SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "2"}
+    summary, _ = await health_run("epilog", [], s, inputs(log=FileLog(tmp_path / "missing"), clock=lambda: t0), env)
+    assert "xid: kernel log unreadable" in summary.line
+    assert not (tmp_path / "gpu-2.last-epilog").exists() and not (tmp_path / "last-epilog").exists()
+    summary, _ = await health_run("epilog", [], s, inputs(log=Lines([]), clock=lambda: t0), env)
+    assert (tmp_path / "gpu-2.last-epilog").read_text().strip() == str(t0)
+
+
+async def test_epilog_without_a_job_start_uses_the_gpus_last_epilog(tmp_path: Path) -> None:
+    # no PrologFlags=Alloc / no prolog note: the same XID must not fail every later epilog
+    t0 = 1_700_000_000.0
+    s = HealthCheckSettings(health_state_dir=tmp_path, health_node=NODE)
+    klog = Lines([xid_line(t0 - 60, pci_of(0), 48, 1)])
+    run = lambda job, t: health_run(
+        "epilog",
+        [],
+        s,
+        inputs(log=klog, clock=lambda: t),
+        {"SLURMD_NODENAME": NODE, "SLURM_JOB_ID": job, "SLURM_JOB_GPUS": "0"},
+    )
+    assert (await run("401", t0))[0].status == Status.CRITICAL
+    assert (await run("402", t0 + 30))[0].status == Status.OK  # reported once, by job 401's epilog
+
+
+async def test_markers_in_the_future_are_clamped_and_uuid_jobs_get_markers(tmp_path: Path) -> None:
+    t0 = 1_700_000_000.0
+    s = HealthCheckSettings(health_state_dir=tmp_path, health_node=NODE)
+    (tmp_path / "gpu-5.last-epilog").write_text(f"{t0 + 3600}\n")  # the clock was stepped back since
+    klog = Lines([xid_line(t0 - 10, pci_of(5), 119, None)])
+    env = {"SLURMD_NODENAME": NODE, "SLURM_JOB_ID": "9", "SLURM_JOB_GPUS": "5"}
+    summary, ctx = await health_run("prolog", [], s, inputs(log=klog, clock=lambda: t0), env)
+    assert ctx.since_by_gpu == {5: t0}  # clamped to now: an XID written after this moment still counts
+    assert summary.status == Status.OK  # the XID before the (clamped) epilog was that epilog's to report
+    nv = fake()
+    u3 = nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(3))
+    env = {"SLURMD_NODENAME": NODE, "SLURM_JOB_ID": "10", "CUDA_VISIBLE_DEVICES": u3}
+    await health_run("epilog", [], s, inputs(nv, log=Lines([]), clock=lambda: t0), env)
+    assert (tmp_path / "gpu-3.last-epilog").exists()
+
+
+def test_process_grace_ends_inside_the_checks_time() -> None:
+    s = HealthCheckSettings(health_process_grace_s=9, health_check_timeout_s=8)
+    assert build_context("epilog", s, {}, 0.0).process_grace_s == 6.5
+    s = HealthCheckSettings(health_process_grace_s=9, health_budget_s=4)
+    assert build_context("epilog", s, {}, 0.0).process_grace_s == 2.5
+    assert build_context("prolog", s, {}, 0.0).process_grace_s == 0.0
+
+
+def test_empty_settings_values_mean_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in ("BUDGET_S", "CHECK_TIMEOUT_S", "STATE_DIR", "DCGM_LEVEL", "PUBLISH", "EXPECTED_GPUS"):
+        monkeypatch.setenv(f"GPUWARDEN_HEALTH_{k}", " ")
+    monkeypatch.setenv("GPUWARDEN_HEALTH_TIMEOUT_STATUS", "UNKNOWN")
+    s = HealthCheckSettings()
+    assert (s.health_budget_s, s.health_dcgm_level, s.health_publish, s.health_expected_gpus) == (10.0, 0, True, None)
+    assert s.health_state_dir == Path("/var/lib/gpuwarden/health") and s.health_timeout_status == "unknown"
+
+
+def test_runner_starts_nothing_after_kill_all() -> None:
+    runner = SubprocessRunner()
+    assert runner.kill_all() == 0
+    with pytest.raises(ToolTimeout, match="not started"):
+        runner.run(["true"], 1)
+
+
+def test_nvlink_ignores_another_jobs_lost_gpu() -> None:
+    nv = fake([{"at_s": 0, "node": NODE, "kind": "gpu-lost", "gpu": 3}])
+    assert run1("nvlink", inputs(nv), gpus=[0]).status == Status.OK
+    r = run1("nvlink", inputs(nv), gpus=[3])
+    assert r.status == Status.CRITICAL and r.reason.startswith("GPU 3:")

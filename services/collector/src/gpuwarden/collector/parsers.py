@@ -357,7 +357,10 @@ def _ts_of(prefix: str, default_ts: float, year: int | None, tz: tzinfo) -> floa
         if (m := _SYSLOG_RE.match(prefix)) and m["mon"] in _MONTHS:
             y = year if year is not None else datetime.fromtimestamp(default_ts, UTC).year
             dt = datetime.strptime(f"{y} {m['mon']} {m['day']} {m['t']}", "%Y %b %d %H:%M:%S")
-            return dt.replace(tzinfo=tz).timestamp()
+            ts = dt.replace(tzinfo=tz).timestamp()
+            if year is None and ts > default_ts + 86400:  # "Dec 31" read on Jan 1: last year's line
+                ts = dt.replace(year=y - 1, tzinfo=tz).timestamp()
+            return ts
     except (ValueError, OverflowError, OSError):
         return default_ts  # a timestamp-shaped prefix that is not a real date
     return default_ts  # monotonic ``[  12.345]``, /dev/kmsg records, or no timestamp
@@ -415,7 +418,8 @@ def parse_kernel_log_line(
     * ISO prefix as printed by ``dmesg --time-format iso`` (``2024-11-15T05:39:15,491363+00:00``),
       with or without the ``kern  :warn  :`` columns of ``dmesg --decode``;
     * ``dmesg -T`` ctime (``[Sun Feb 23 16:24:18 2025]``) and syslog (``Nov 15 05:39:15 host``,
-      year from ``year`` or from ``default_ts``), both read in ``tz`` (default UTC);
+      year from ``year``, else ``default_ts``'s, or the year before when that would put the line
+      more than a day after ``default_ts``), both read in ``tz`` (default UTC);
     * monotonic ``[  365.969681]``, raw ``/dev/kmsg`` records, bare lines and impossible dates:
       ``default_ts``.
 

@@ -78,6 +78,7 @@ __all__ = [
     "Context",
     "Inputs",
     "JobGpus",
+    "NvmlUnavailable",
     "Phase",
     "Status",
     "evaluate_clocks",
@@ -184,6 +185,10 @@ class JobGpus:
     missing_ids: list[int | str]
 
 
+class NvmlUnavailable(RuntimeError):
+    """NVML cannot be used on this node: no driver / nvidia-ml-py, or ``nvmlInit`` failed."""
+
+
 @dataclass
 class Inputs:
     """The outside systems, passed in (fakes in tests). ``nvml`` may be None (no driver): the
@@ -199,10 +204,10 @@ class Inputs:
     _job_cache: dict[object, JobGpus] = field(default_factory=dict, repr=False)
 
     def ready_nvml(self) -> Nvml:
-        """``nvmlInit`` once for every check; raises RuntimeError when NVML is absent or failed."""
+        """``nvmlInit`` once for every check; raises :class:`NvmlUnavailable` when NVML is absent or failed."""
         with self._lock:
             if self.nvml is None:
-                raise RuntimeError("NVML unavailable (no driver / nvidia-ml-py)")
+                raise NvmlUnavailable("NVML unavailable (no driver / nvidia-ml-py)")
             if self._init is None:
                 try:
                     self.nvml.nvmlInit()
@@ -210,7 +215,7 @@ class Inputs:
                 except Exception as exc:
                     self._init = exc
             if isinstance(self._init, BaseException):
-                raise RuntimeError(f"nvmlInit failed: {self._init}")
+                raise NvmlUnavailable(f"nvmlInit failed: {self._init}")
             return self.nvml
 
     def job_gpus(self, ctx: Context) -> JobGpus:
@@ -218,7 +223,7 @@ class Inputs:
 
         Slurm GPU ids match NVML devices by minor number (``nvmlDeviceGetMinorNumber``; an NVML
         without it: the index), UUIDs by ``nvmlDeviceGetUUID``, a ``MIG-`` UUID by its parent GPU.
-        Raises RuntimeError when NVML is unusable (as :meth:`ready_nvml`)."""
+        Raises NvmlUnavailable when NVML is unusable (as :meth:`ready_nvml`)."""
         key = (tuple(ctx.gpus) if ctx.gpus is not None else None, tuple(ctx.gpu_uuids or ()))
         with self._lock:
             hit = self._job_cache.get(key)
@@ -229,20 +234,23 @@ class Inputs:
         minor_of: dict[int, int] = {}
         uuid_of: dict[str, int] = {}
         get_minor = getattr(nv, "nvmlDeviceGetMinorNumber", None)
+        unreadable: list[int] = []
         for i in range(n):
             try:
                 h = nv.nvmlDeviceGetHandleByIndex(i)
-            except nv.NVMLError:
-                minor_of[i] = i  # unreadable GPU: assume the usual order; the nvml check reports it
-                continue
-            try:
                 minor_of[i] = int(get_minor(h)) if get_minor is not None else i
             except nv.NVMLError:
-                minor_of[i] = i
+                unreadable.append(i)  # the nvml check reports it
+                continue
             try:
                 uuid_of[_text(nv.nvmlDeviceGetUUID(h)).lower()] = i
             except nv.NVMLError:
                 pass
+        taken = set(minor_of.values())
+        for i in unreadable:  # assume the usual order where that names no readable GPU
+            if i not in taken:
+                minor_of[i] = i
+                taken.add(i)
         index_of_minor = {m: i for i, m in minor_of.items()}
         if ctx.whole_node:
             res = JobGpus(None, minor_of, [], [])
@@ -544,9 +552,11 @@ def check_nvlink(inp: Inputs, ctx: Context) -> CheckResult:
             except nv.NVMLError:
                 break  # no such link (NOT_SUPPORTED / INVALID_ARGUMENT): the GPU has lk links
         gpus.append(NvlinkGpu(i, "", None, links))
-    res = evaluate_nvlink(gpus, inp.job_gpus(ctx).indices, ctx.nvlinks)
-    if errs:
-        return CheckResult("nvlink", Status.CRITICAL, "; ".join(errs[:3]))
+    job = inp.job_gpus(ctx).indices
+    res = evaluate_nvlink(gpus, job, ctx.nvlinks)
+    mine = [e for e in errs if job is None or any(e.startswith(f"GPU {i}:") for i in job)]
+    if mine:  # another job's lost GPU is that job's business (its own nvml check reports it)
+        return CheckResult("nvlink", Status.CRITICAL, "; ".join(mine[:3]))
     return res
 
 
@@ -626,7 +636,10 @@ def check_xid(inp: Inputs, ctx: Context) -> CheckResult:
     if inp.kernel_log is None:
         return CheckResult("xid", Status.UNKNOWN, "no kernel log configured")
     now = inp.clock()
-    lines = inp.kernel_log.read_lines()
+    try:
+        lines = inp.kernel_log.read_lines()
+    except (OSError, ToolMissing, ToolTimeout) as exc:  # a log we cannot read proves nothing
+        return CheckResult("xid", Status.UNKNOWN, f"kernel log unreadable: {type(exc).__name__}: {exc}"[:160])
     pci_to_index: dict[str, int] = {}
     job: list[int] | None = None
     slurm_ids: dict[int, int] = {}
@@ -640,9 +653,9 @@ def check_xid(inp: Inputs, ctx: Context) -> CheckResult:
         except Exception:  # NVML unusable: cannot map, every XID counts from since_ts
             pci_to_index, job = {}, None
     probs: list[tuple[Status, str, int | None]] = []
-    local = datetime.now().astimezone().tzinfo  # syslog / dmesg -T stamps are the node's local time
+    tz = datetime.now().astimezone().tzinfo or UTC  # syslog / dmesg -T stamps are the node's local time
     for ln in lines:
-        ev = parse_kernel_log_line(ln, ctx.node, default_ts=now, tz=local or UTC)
+        ev = parse_kernel_log_line(ln, ctx.node, default_ts=now, tz=tz)
         if ev is None:
             continue
         idx = pci_to_index.get(ev.pci_bus_id or "") if pci_to_index else None
@@ -660,7 +673,12 @@ def check_xid(inp: Inputs, ctx: Context) -> CheckResult:
                 probs.append((Status.CRITICAL, f"fatal SXID {ev.code} on {where}", idx))
             continue
         st = _xid_status(ev.code, ev.message)
-        if st is not None:
+        if st is None:
+            continue
+        undated = ev.ts == now and parse_kernel_log_line(ln, ctx.node, default_ts=now + 1.0, tz=tz).ts != now  # type: ignore[union-attr]
+        if undated:  # no wall-clock stamp ([ 365.9] or none): it would count again on every run
+            probs.append((Status.WARNING, f"XID {ev.code} on {where} (undated log line): {ev.message[:50]}", idx))
+        else:
             probs.append((st, f"XID {ev.code} on {where}: {ev.message[:60]}", idx))
     return _result("xid", probs, f"no XID since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(ctx.since_ts))}")
 
@@ -723,29 +741,37 @@ _IB_TOOLS: tuple[tuple[list[str], Callable[[str], list[IbPort]]], ...] = (
 )
 
 
-def read_ib_ports(inp: Inputs, ctx: Context) -> tuple[list[IbPort], str | None]:
-    """The node's RDMA ports and where they were read: sysfs first (no tool to run), then the
-    first of ``ibstat``, ``ibstatus``, ``ibv_devinfo -v`` that is installed and parses. ``([], None)``
-    when none reports a device. A tool that times out is skipped (the next one is tried)."""
+def read_ib_ports(inp: Inputs, ctx: Context) -> tuple[list[IbPort], str | None, list[str]]:
+    """The node's RDMA ports, where they were read, and what went wrong on the way: sysfs first
+    (no tool to run), then the first of ``ibstat``, ``ibstatus``, ``ibv_devinfo -v`` that is
+    installed and parses. A tool that exits non-zero ("No IB devices found") counts as no
+    devices; one that hangs past ``tool_timeout_s`` or prints what its parser cannot read is a
+    problem, and the next source is tried."""
     ports = read_sysfs_ib(inp.sysfs_root)
     if ports:
-        return ports, "sysfs"
+        return ports, "sysfs", []
+    problems: list[str] = []
     for argv, parse in _IB_TOOLS:
         try:
             out = inp.runner.run(argv, ctx.tool_timeout_s)
-        except (ToolMissing, ToolTimeout):
+        except ToolMissing:
+            continue
+        except ToolTimeout as exc:
+            problems.append(str(exc))
             continue
         if out.returncode != 0 or not out.stdout.strip():
-            continue  # "No IB devices found" / no umad: not a verdict, try the next source
-        try:
-            return parse(out.stdout), argv[0]
-        except ValueError:
             continue
-    return [], None
+        try:
+            return parse(out.stdout), argv[0], []
+        except ValueError as exc:
+            problems.append(f"{argv[0]} output unreadable ({exc})"[:100])
+    return [], None, problems
 
 
 def check_infiniband(inp: Inputs, ctx: Context) -> CheckResult:
-    ports, source = read_ib_ports(inp, ctx)
+    ports, source, problems = read_ib_ports(inp, ctx)
+    if source is None and problems:  # cannot tell "no ports" from "could not read them"
+        return CheckResult("infiniband", Status.UNKNOWN, "InfiniBand ports unreadable: " + "; ".join(problems))
     return evaluate_infiniband(ports, ctx.ib_rate_gbps, ctx.ib_ports, source, ctx.ib_ignore)
 
 
@@ -828,6 +854,7 @@ def check_dcgm(inp: Inputs, ctx: Context) -> CheckResult:
     Without a job GPU list the diag runs on DCGM's default all-GPU group. UNKNOWN when DCGM is
     absent, the host engine does not answer, the diag runs past its time, or a job GPU is not
     visible to DCGM (a diag that cannot cover a GPU proves nothing about it)."""
+    t0 = time.monotonic()
     level = ctx.dcgm_level or 1
     argv = ["dcgmi", "diag", "-r", str(level)]
     if not ctx.whole_node:
@@ -865,7 +892,7 @@ def check_dcgm(inp: Inputs, ctx: Context) -> CheckResult:
         argv += ["-i", ",".join(str(g) for g in ids)]
     else:
         to_nvml = {}
-    out = _dcgmi(inp, argv, ctx.dcgm_timeout_s)
+    out = _dcgmi(inp, argv, max(0.1, ctx.dcgm_timeout_s - (time.monotonic() - t0)))  # what discovery left
     if isinstance(out, CheckResult):
         return out
     try:

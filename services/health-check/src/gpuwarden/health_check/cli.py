@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import sys
 from typing import Annotated, Any, NoReturn, cast
 
@@ -98,9 +99,9 @@ def _go(phase: str, names: list[str], budget: float | None, gpus: str | None, no
             print(f"UNKNOWN: --budget {budget:g}: {'; '.join(e['msg'] for e in exc.errors())}")
             raise typer.Exit(3) from exc
     try:
-        gl = sorted({int(x) for x in gpus.split(",") if x.strip()}) if gpus else None
-        if gl and gl[0] < 0:
-            raise ValueError(gl[0])
+        gl = sorted({int(x) for x in gpus.split(",") if x.strip()}) if gpus is not None else None
+        if gl is not None and (not gl or gl[0] < 0):
+            raise ValueError(gpus)
     except ValueError:
         print(f"UNKNOWN: --gpus {gpus!r} is not a list of GPU indices")
         raise typer.Exit(3) from None
@@ -109,6 +110,15 @@ def _go(phase: str, names: list[str], budget: float | None, gpus: str | None, no
     except (OSError, ValueError) as exc:
         print(f"UNKNOWN: cannot set up inputs: {exc}"[:300])
         raise typer.Exit(3) from exc
+    kill_all = getattr(inputs.runner, "kill_all", None)
+    if kill_all is not None:  # the wrapper's guard sends SIGTERM first: take the tools down with us
+
+        def _on_term(signum: int, _frame: object) -> None:
+            kill_all()
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+        signal.signal(signal.SIGTERM, _on_term)
     make = None if no_publish else (lambda: Producer(s))
     try:
         summary, _ = asyncio.run(health_run(phase, names, s, inputs, make_producer=make, gpus=gl))  # type: ignore[arg-type]

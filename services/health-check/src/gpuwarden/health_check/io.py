@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from gpuwarden.shared.brokers import die_with_parent
-
 from .parsers import IbPort, parse_ib_rate, parse_ib_state
 
 __all__ = [
@@ -66,32 +64,36 @@ class ToolRunner(Protocol):
 
 class SubprocessRunner:
     """:class:`ToolRunner` on :class:`subprocess.Popen`: no shell, stdin closed, each command in
-    its own process group, killed (the whole group: ``dcgmi diag`` runs ``nvvs`` children) when
-    ``timeout_s`` (seconds) passes. Children get PR_SET_PDEATHSIG, and :meth:`kill_all` kills
-    what is still running when a run ends past its budget, so an abandoned diagnostic never
-    keeps stressing the GPUs while the job starts."""
+    its own process group (``dcgmi diag`` runs ``nvvs`` children), the whole group killed when
+    ``timeout_s`` (seconds) passes. :meth:`kill_all` kills what is still running when a run ends
+    past its budget or the process is told to stop (SIGTERM from the wrapper's guard), and
+    refuses new commands after that, so an abandoned check cannot start the next tool and no
+    diagnostic keeps stressing the GPUs while the job starts. (No ``preexec_fn``: forking with
+    a callback while the checks' threads run can deadlock the child.)"""
 
     def __init__(self) -> None:
         self._live: set[subprocess.Popen[str]] = set()
         self._lock = threading.Lock()
+        self._closed = False
 
     def run(self, argv: list[str], timeout_s: float) -> ToolOutput:
         if shutil.which(argv[0]) is None:  # absent tools are common (ibstat on a RoCE node): no fork
             raise ToolMissing(argv[0])
-        try:
-            p = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                errors="replace",
-                start_new_session=True,
-                preexec_fn=die_with_parent,
-            )
-        except FileNotFoundError as exc:
-            raise ToolMissing(argv[0]) from exc
         with self._lock:
+            if self._closed:
+                raise ToolTimeout(f"{argv[0]} not started: the run is over")
+            try:
+                p = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    errors="replace",
+                    start_new_session=True,
+                )
+            except FileNotFoundError as exc:
+                raise ToolMissing(argv[0]) from exc
             self._live.add(p)
         try:
             out, err = p.communicate(timeout=timeout_s)
@@ -105,8 +107,10 @@ class SubprocessRunner:
         return ToolOutput(p.returncode, out, err)
 
     def kill_all(self) -> int:
-        """Kill every command still running (and its process group); returns how many."""
+        """Kill every command still running (and its process group) and start no more; returns
+        how many were running."""
         with self._lock:
+            self._closed = True
             live = list(self._live)
         for p in live:
             _kill_group(p)
@@ -149,16 +153,16 @@ class DmesgLog:
 
 
 class FileLog:
-    """A kernel log file (e.g. ``/var/log/kern.log`` or a recorded capture); missing -> no lines."""
+    """A kernel log file (e.g. ``/var/log/kern.log`` or a recorded capture).
+
+    Raises:
+        OSError: the file is missing or unreadable (the xid check is then UNKNOWN, never OK)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
     def read_lines(self) -> list[str]:
-        try:
-            return self.path.read_text(errors="replace").splitlines()
-        except FileNotFoundError:
-            return []
+        return self.path.read_text(errors="replace").splitlines()
 
 
 def read_sysfs_ib(root: Path = Path("/")) -> list[IbPort]:

@@ -40,17 +40,23 @@ def build_context(
                 gpus = None  # the job's GPUs are named by UUID only
         elif job:
             gpus = []  # a job without GPUs on this node
+    since = since_ts(phase, env, s.health_state_dir, now, s.health_xid_lookback_s)
     since_by_gpu: dict[int, float] = {}
     since_gpu_ts: float | None = None
     if phase == "prolog":
         since_by_gpu, since_gpu_ts = gpu_windows(s.health_state_dir, now, s.health_xid_lookback_s)
+    elif phase == "epilog":  # from the job's start, but never before the GPU's last epilog
+        marks, _ = gpu_windows(s.health_state_dir, now, s.health_xid_lookback_s)
+        since_by_gpu, since_gpu_ts = {g: max(t, since) for g, t in marks.items()}, since
+    # the grace must end inside the check's own time, or the leftover's pid is lost in a timeout
+    grace = min(s.health_process_grace_s, max(0.0, min(s.health_check_timeout_s, s.health_budget_s) - 1.5))
     return Context(
         phase=phase,
         node=env.get("SLURMD_NODENAME") or s.health_node,
         job_id=job or None,
         gpus=gpus,
         gpu_uuids=uuids or None,
-        since_ts=since_ts(phase, env, s.health_state_dir, now, s.health_xid_lookback_s),
+        since_ts=since,
         since_by_gpu=since_by_gpu,
         since_gpu_ts=since_gpu_ts,
         expected_gpus=s.health_expected_gpus,
@@ -59,7 +65,7 @@ def build_context(
         ib_ignore=frozenset(x.strip() for x in s.health_ib_ignore.split(",") if x.strip()),
         nvlinks=s.health_nvlinks,
         max_used_mib=s.health_max_used_mib,
-        process_grace_s=s.health_process_grace_s if phase == "epilog" else 0.0,
+        process_grace_s=grace if phase == "epilog" else 0.0,
         dcgm_level=s.health_dcgm_level,
         tool_timeout_s=min(s.health_tool_timeout_s, s.health_check_timeout_s),
         dcgm_timeout_s=max(0.5, s.health_check_timeout_s - 0.5),
@@ -89,30 +95,44 @@ def default_inputs(s: HealthCheckSettings, node: str | None = None) -> Inputs:
     runner = SubprocessRunner()
     klog: KernelLog | None = None
     if s.health_kernel_log == "dmesg":
-        klog = DmesgLog(runner, timeout_s=min(3.0, s.health_check_timeout_s))
+        klog = DmesgLog(runner, timeout_s=min(s.health_tool_timeout_s, s.health_check_timeout_s))
     elif s.health_kernel_log:
         klog = FileLog(Path(s.health_kernel_log))
     return Inputs(nvml=nvml, runner=runner, kernel_log=klog, sysfs_root=s.health_sysfs_root)  # type: ignore[arg-type]
 
 
-def _note_times(ctx: Context, state_dir: Path, now: float) -> None:
-    """Prolog: ``job-<id>.start`` (the epilog's XID window). Epilog: ``last-epilog`` (node-level
-    events), ``gpu-<id>.last-epilog`` for each GPU it checked (by Slurm id), or
-    ``all-gpus.last-epilog`` when it checked every GPU; a job named by UUID only notes none."""
+def _note_times(ctx: Context, state_dir: Path, now: float, slurm_ids: list[int] | None, xid_ok: bool) -> None:
+    """Prolog: ``job-<id>.start`` (the epilog's XID window). Epilog, only when its ``xid`` check
+    read the kernel log (else the next prolog must look again): ``last-epilog`` (node-level
+    events), ``gpu-<id>.last-epilog`` for each GPU it checked (Slurm ids; for a job named by
+    UUID the ids NVML resolved), or ``all-gpus.last-epilog`` when it checked every GPU."""
     try:
         state_dir.mkdir(parents=True, exist_ok=True)
         if ctx.phase == "prolog" and ctx.job_id:
             (state_dir / f"job-{ctx.job_id}.start").write_text(f"{now}\n")
         elif ctx.phase == "epilog":
-            (state_dir / "last-epilog").write_text(f"{now}\n")
-            if ctx.whole_node:
-                (state_dir / "all-gpus.last-epilog").write_text(f"{now}\n")
-            for g in ctx.gpus or []:
-                (state_dir / f"gpu-{g}.last-epilog").write_text(f"{now}\n")
+            if xid_ok:
+                (state_dir / "last-epilog").write_text(f"{now}\n")
+                if ctx.whole_node:
+                    (state_dir / "all-gpus.last-epilog").write_text(f"{now}\n")
+                for g in slurm_ids or []:
+                    (state_dir / f"gpu-{g}.last-epilog").write_text(f"{now}\n")
             if ctx.job_id:
                 (state_dir / f"job-{ctx.job_id}.start").unlink(missing_ok=True)
     except OSError as exc:
         log.warning("cannot note %s time in %s: %s", ctx.phase, state_dir, exc)
+
+
+def _checked_slurm_ids(inputs: Inputs, ctx: Context) -> list[int] | None:
+    """Slurm GPU ids the run covered: ``ctx.gpus``, plus the minor numbers of UUID-named GPUs."""
+    ids = set(ctx.gpus or [])
+    if ctx.gpu_uuids:
+        try:
+            jg = inputs.job_gpus(ctx)
+            ids |= {jg.slurm_ids[i] for i in jg.indices or [] if i in jg.slurm_ids}
+        except Exception as exc:  # NVML unusable: no marker for those GPUs (they are looked at again)
+            log.debug("cannot resolve the job's GPU UUIDs for the epilog markers: %s", exc)
+    return sorted(ids)
 
 
 async def health_run(
@@ -140,7 +160,9 @@ async def health_run(
     if kill_all is not None and (n := kill_all()):  # tools of checks abandoned past the budget
         log.warning("killed %d tool process(es) still running past the time budget", n)
     if phase != "periodic":
-        _note_times(ctx, s.health_state_dir, now)
+        xid = next((r for r in results if r.check == "xid"), None)
+        xid_ok = xid is not None and not xid.reason.startswith("timed out") and xid.status != Status.UNKNOWN
+        _note_times(ctx, s.health_state_dir, now, _checked_slurm_ids(inputs, ctx), xid_ok)
     if make_producer is not None and s.health_publish:
         await publish_results(to_models(results, ctx, now), make_producer, s.health_publish_timeout_s)
     return summary, ctx

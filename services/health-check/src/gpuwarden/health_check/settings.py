@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
+from pydantic_core import PydanticUseDefault
 from pydantic_settings import SettingsConfigDict
 
 from gpuwarden.shared.settings import BusSettings
@@ -65,11 +66,31 @@ class HealthCheckSettings(BusSettings):
     health_publish: bool = Field(True, description="Publish each result to the health topic")
     health_publish_timeout_s: float = Field(1.5, gt=0, le=30, description="Total time publishing may take, s")
 
-    @field_validator(
-        "health_expected_gpus", "health_ib_rate_gbps", "health_ib_ports", "health_nvlinks", "health_scenario",
-        mode="before",
-    )  # fmt: skip
+    @field_validator("health_expected_gpus", "health_ib_rate_gbps", "health_ib_ports", "health_nvlinks", mode="before")
     @classmethod
     def _empty_is_unset(cls, v: object) -> object:
         """``GPUWARDEN_HEALTH_EXPECTED_GPUS=`` (an empty value in an env file) means unset."""
         return None if isinstance(v, str) and not v.strip() else v
+
+    @field_validator(
+        "health_node", "health_budget_s", "health_check_timeout_s", "health_tool_timeout_s",
+        "health_timeout_status", "health_process_grace_s", "health_max_used_mib", "health_dcgm_level",
+        "health_state_dir", "health_xid_lookback_s", "health_sysfs_root", "health_scenario",
+        "health_scenario_s", "health_publish", "health_publish_timeout_s",
+        mode="before",
+    )  # fmt: skip
+    @classmethod
+    def _empty_is_default(cls, v: object) -> object:
+        """An empty value (``GPUWARDEN_HEALTH_BUDGET_S=``) means the default, not an error that
+        would leave every run UNKNOWN (and the node unchecked); ``health_kernel_log`` keeps its
+        empty value (= no kernel log)."""
+        if isinstance(v, str):
+            if not v.strip():
+                raise PydanticUseDefault()
+            return v.strip()
+        return v
+
+    @field_validator("health_timeout_status", mode="before")
+    @classmethod
+    def _lower(cls, v: object) -> object:
+        return v.lower() if isinstance(v, str) else v

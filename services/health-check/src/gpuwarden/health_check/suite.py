@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .checks import CHECKS, CheckResult, Context, Inputs, Phase, Status, worst
+from .checks import CHECKS, CheckResult, Context, Inputs, NvmlUnavailable, Phase, Status, worst
 
 __all__ = ["Summary", "gpu_windows", "job_gpus", "run_checks", "select_checks", "since_ts", "summarize"]
 
@@ -73,9 +73,9 @@ async def run_checks(
     timeout_status: Status = Status.CRITICAL,
 ) -> list[CheckResult]:
     """Run ``names`` concurrently; return one result per name, in order, within ``budget_s``
-    seconds (plus scheduling jitter). A check that raises is UNKNOWN (``RuntimeError`` from an
-    unusable NVML: CRITICAL, or OK when ``ctx.expected_gpus`` is 0, a node that must have no
-    GPUs); one that runs past its time is ``timeout_status``."""
+    seconds (plus scheduling jitter). A check that raises is UNKNOWN (``NvmlUnavailable``:
+    CRITICAL, or OK when ``ctx.expected_gpus`` is 0, a node that must have no GPUs); one that
+    runs past its time is ``timeout_status``."""
     t0 = time.monotonic()
     deadline = t0 + budget_s
 
@@ -87,7 +87,7 @@ async def run_checks(
             res = await asyncio.wait_for(asyncio.shield(fut), limit)
         except TimeoutError:
             res = CheckResult(name, timeout_status, f"timed out after {limit:.1f}s")
-        except RuntimeError as exc:  # NVML absent or nvmlInit failed
+        except NvmlUnavailable as exc:  # NVML absent or nvmlInit failed
             if ctx.expected_gpus == 0:  # a node configured to have no GPUs: nothing to check
                 res = CheckResult(name, Status.OK, f"no GPUs expected ({str(exc)[:100]})")
             else:
@@ -153,9 +153,10 @@ def job_gpus(env: Mapping[str, str]) -> tuple[list[int], list[str]] | None:
     return None
 
 
-def _marker(path: Path) -> float | None:
+def _marker(path: Path, now: float) -> float | None:
+    """A noted time, at most ``now`` (a clock stepped back must not hide what comes next)."""
     try:
-        return float(path.read_text().strip())
+        return min(float(path.read_text().strip()), now)
     except (OSError, ValueError):
         return None
 
@@ -167,7 +168,7 @@ def gpu_windows(state_dir: Path, now: float, lookback_s: float) -> tuple[dict[in
     ``now - lookback_s``, whichever is later. (One node-wide marker would hide an XID on an idle
     GPU as soon as any other job's epilog passed.)"""
     fallback = now - lookback_s
-    every = _marker(state_dir / "all-gpus.last-epilog")
+    every = _marker(state_dir / "all-gpus.last-epilog", now)
     default = max(fallback, every) if every is not None else fallback
     out: dict[int, float] = {}
     try:
@@ -176,7 +177,7 @@ def gpu_windows(state_dir: Path, now: float, lookback_s: float) -> tuple[dict[in
         files = []
     for f in files:
         m = re.fullmatch(r"gpu-(\d+)\.last-epilog", f.name)
-        t = _marker(f)
+        t = _marker(f, now)
         if m and t is not None:
             out[int(m.group(1))] = max(t, default)
     return out, default
@@ -194,12 +195,12 @@ def since_ts(phase: Phase, env: Mapping[str, str], state_dir: Path, now: float, 
     elif phase == "epilog" and env.get("SLURM_JOB_ID"):
         files.append(state_dir / f"job-{env['SLURM_JOB_ID']}.start")
     for f in files:
-        t = _marker(f)
+        t = _marker(f, now)
         if t is not None:
             return t
     if phase == "epilog":
         try:
-            return float(env["SLURM_JOB_START_TIME"])
+            return min(float(env["SLURM_JOB_START_TIME"]), now)
         except (KeyError, ValueError):
             pass
     return fallback
