@@ -13,6 +13,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer
 
+from gpuwarden.health_check.suite import select_checks
 from gpuwarden.shared.models import HealthCheckResult
 
 pytestmark = pytest.mark.integration
@@ -49,13 +50,15 @@ def test_epilog_results_reach_the_health_topic(bus_env: dict[str, str], tmp_path
         "GPUWARDEN_HEALTH_KERNEL_LOG": str(tmp_path / "kern.log"),
         "GPUWARDEN_HEALTH_PUBLISH_TIMEOUT_S": "10",
     }
+    (tmp_path / "kern.log").touch()
     exe = Path(sys.executable).with_name("gpuwarden")
     p = subprocess.run([str(exe), "health-check", "epilog"], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2, p.stderr
     assert p.stdout.startswith("CRITICAL: processes: GPU 1: 1 leftover process(es)")
-    got = asyncio.run(_read(bus_env["GPUWARDEN_BOOTSTRAP_SERVERS"], bus_env["GPUWARDEN_TOPIC_PREFIX"] + "health", 9))
+    n = len(select_checks("epilog"))
+    got = asyncio.run(_read(bus_env["GPUWARDEN_BOOTSTRAP_SERVERS"], bus_env["GPUWARDEN_TOPIC_PREFIX"] + "health", n))
     assert {k for k, _ in got} == {b"gpu-node-002"}
     by = {m.check: m for _, m in got}
-    assert len(by) == 9 and all(m.phase == "epilog" and m.job_id == "4711" for m in by.values())
+    assert len(by) == n and all(m.phase == "epilog" and m.job_id == "4711" for m in by.values())
     assert by["processes"].passed is False and by["processes"].gpu_index == 1
     assert all(m.passed for c, m in by.items() if c != "processes")
