@@ -117,7 +117,7 @@ def bench_health_check(
     recorded = {
         "ibstat": read("infiniband/ibstat-h100-ndr-8ib-1eth-all-active.txt"),
         "dcgmi discovery": _discovery_for(fake, read("dcgm/discovery-l-h100-4gpu-null-names-dcgm317.txt")),
-        "dcgmi diag": read("dcgm/diag-r2-go-dcgm-gpu1-pass-excerpt.txt"),
+        "dcgmi diag": read("dcgm/diag-r2-dcgm441-b200-8gpu-pcie-fail.txt"),
         "nvidia-smi": read("nvlink/nvlink-status-a100-8gpu.txt"),
     }
     klog = fx / "xid-logs/xid48-63-94-dbe-row-remap-sequence.txt"
@@ -161,6 +161,8 @@ def bench_health_check(
         ("ibv-devinfo", parse_ibv_devinfo, "infiniband/ibv-devinfo-cx3-2hca-port2-down.txt"),
         ("ibv-devinfo", parse_ibv_devinfo, "infiniband/ibv-devinfo-v-cx3-port2-down-polling.txt"),
         ("dcgmi-diag", parse_dcgmi_diag, "dcgm/diag-r2-go-dcgm-gpu1-pass-excerpt.txt"),
+        ("dcgmi-diag", parse_dcgmi_diag, "dcgm/diag-r2-dcgm441-b200-8gpu-pcie-fail.txt"),
+        ("dcgmi-diag", parse_dcgmi_diag, "dcgm/diag-r3-dcgm338-h100-8gpu-cuinit-fail.txt"),
         ("dcgmi-discovery", parse_dcgmi_discovery, "dcgm/discovery-l-h100-4gpu-null-names-dcgm317.txt"),
         ("nvidia-smi-nvlink", parse_nvidia_smi_nvlink, "nvlink/nvlink-status-a100-8gpu.txt"),
     ]
