@@ -55,6 +55,7 @@ __all__ = [
     "ReplaySource",
     "Source",
     "default_collector_id",
+    "nvml_str",
     "open_kernel_log",
     "register_source",
     "resolve_gpu",
@@ -655,8 +656,9 @@ THROTTLE_BITS: dict[int, str] = {
 }
 
 
-def _str(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
+def nvml_str(v: Any) -> str:
+    """An NVML string: ``str`` in nvidia-ml-py >= 11.5, ``bytes`` before."""
+    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
 
 
 class GpuLost(Exception):
@@ -751,7 +753,7 @@ class NvmlSource:
                 self._static_sent_ts = None
                 self._gpm.clear()  # GPM samples do not survive nvmlShutdown
                 try:
-                    self._driver = _str(n.nvmlSystemGetDriverVersion())
+                    self._driver = nvml_str(n.nvmlSystemGetDriverVersion())
                 except n.NVMLError:
                     self._driver = None
             count = n.nvmlDeviceGetCount()
@@ -915,8 +917,8 @@ class NvmlSource:
             raise GpuLost("no handle")
         uuid = call("nvmlDeviceGetUUID", h)
         pci = call("nvmlDeviceGetPciInfo", h)
-        pci_id = normalize_pci_bus_id(_str(pci.busId)) if pci is not None else None
-        uuid = _str(uuid) if uuid is not None else None
+        pci_id = normalize_pci_bus_id(nvml_str(pci.busId)) if pci is not None else None
+        uuid = nvml_str(uuid) if uuid is not None else None
         self._known_pci[i] = (pci_id, uuid)
         name = call("nvmlDeviceGetName", h)
         util = call("nvmlDeviceGetUtilizationRates", h)
@@ -955,9 +957,9 @@ class NvmlSource:
             index=i,
             uuid=uuid,
             pci_bus_id=pci_id,
-            name=_str(name) if name is not None else None,
-            serial=_str(serial) if serial is not None else None,
-            vbios_version=_str(vbios) if vbios is not None else None,
+            name=nvml_str(name) if name is not None else None,
+            serial=nvml_str(serial) if serial is not None else None,
+            vbios_version=nvml_str(vbios) if vbios is not None else None,
             utilization_gpu_pct=float(util.gpu) if util is not None else None,
             utilization_memory_pct=float(util.memory) if util is not None else None,
             memory_used_mib=mem.used / mib if mem is not None else None,

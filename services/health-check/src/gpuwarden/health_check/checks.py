@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gpuwarden.collector.parsers import normalize_pci_bus_id, parse_kernel_log_line
-from gpuwarden.collector.sources import Nvml
+from gpuwarden.collector.sources import Nvml, nvml_str
 from gpuwarden.shared.models import EventKind
 
 from .io import KernelLog, ToolMissing, ToolOutput, ToolRunner, ToolTimeout, read_sysfs_ib
@@ -243,7 +243,7 @@ class Inputs:
                 unreadable.append(i)  # the nvml check reports it
                 continue
             try:
-                uuid_of[_text(nv.nvmlDeviceGetUUID(h)).lower()] = i
+                uuid_of[nvml_str(nv.nvmlDeviceGetUUID(h)).lower()] = i
             except nv.NVMLError:
                 pass
         taken = set(minor_of.values())
@@ -286,11 +286,6 @@ class Inputs:
                 except Exception:  # best effort at exit
                     pass
             self._init = None
-
-
-def _text(v: object) -> str:
-    """NVML strings: ``str`` in nvidia-ml-py >= 11.5, ``bytes`` before."""
-    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
 
 
 def _nvml_err(exc: Exception) -> str:
@@ -649,7 +644,7 @@ def check_xid(inp: Inputs, ctx: Context) -> CheckResult:
             job, slurm_ids = jg.indices, jg.slurm_ids
             nv, hs, _ = _handles(inp, Context(gpus=None))
             for i, h in hs:
-                pci_to_index[normalize_pci_bus_id(_text(nv.nvmlDeviceGetPciInfo(h).busId))] = i
+                pci_to_index[normalize_pci_bus_id(nvml_str(nv.nvmlDeviceGetPciInfo(h).busId))] = i
         except Exception:  # NVML unusable: cannot map, every XID counts from since_ts
             pci_to_index, job = {}, None
     probs: list[tuple[Status, str, int | None]] = []
@@ -857,6 +852,7 @@ def check_dcgm(inp: Inputs, ctx: Context) -> CheckResult:
     t0 = time.monotonic()
     level = ctx.dcgm_level or 1
     argv = ["dcgmi", "diag", "-r", str(level)]
+    to_nvml: dict[int, int] = {}  # DCGM GPU id -> NVML index
     if not ctx.whole_node:
         disc_out = _dcgmi(inp, ["dcgmi", "discovery", "-l"], ctx.tool_timeout_s)
         if isinstance(disc_out, CheckResult):
@@ -868,7 +864,6 @@ def check_dcgm(inp: Inputs, ctx: Context) -> CheckResult:
             return CheckResult("dcgm", Status.UNKNOWN, f"dcgmi discovery exited {disc_out.returncode}: {why}")
         ids: list[int]
         problems: list[str]
-        to_nvml: dict[int, int] = {}
         try:
             nv = inp.ready_nvml()
             jg = inp.job_gpus(ctx)
@@ -876,7 +871,7 @@ def check_dcgm(inp: Inputs, ctx: Context) -> CheckResult:
             nvml_ids: list[tuple[int, str | None, str | None]] = []
             for i in jg.indices or []:
                 h = nv.nvmlDeviceGetHandleByIndex(i)
-                nvml_ids.append((i, _text(nv.nvmlDeviceGetUUID(h)), _text(nv.nvmlDeviceGetPciInfo(h).busId)))
+                nvml_ids.append((i, nvml_str(nv.nvmlDeviceGetUUID(h)), nvml_str(nv.nvmlDeviceGetPciInfo(h).busId)))
         except Exception as exc:  # NVML unusable: the NVML checks report it; DCGM ids = Slurm ids
             log.debug("dcgm: NVML ids unavailable (%s); using the job's GPU ids as DCGM ids", exc)
             ids, problems = list(ctx.gpus or []), []
@@ -890,8 +885,6 @@ def check_dcgm(inp: Inputs, ctx: Context) -> CheckResult:
         if not ids:
             return CheckResult("dcgm", Status.OK, "no GPUs in the job: dcgmi diag not run")
         argv += ["-i", ",".join(str(g) for g in ids)]
-    else:
-        to_nvml = {}
     out = _dcgmi(inp, argv, max(0.1, ctx.dcgm_timeout_s - (time.monotonic() - t0)))  # what discovery left
     if isinstance(out, CheckResult):
         return out
