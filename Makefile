@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PKGS := -e shared -e services/collector -e services/slurm-watcher -e services/correlator \
-        -e services/detector -e services/otlp-bridge -e services/remediator -e services/health-check -e .
+        -e services/detector -e services/otlp-bridge -e services/remediator -e services/health-check -e services/console -e .
 
 .PHONY: dev demo test test-unit test-integration check lint schemas kafka-fetch clean
 

@@ -8,7 +8,17 @@
 #   PrologFlags=Alloc
 #   PrologEpilogTimeout=60     must exceed the guard below (default 15 s), or Slurm kills us first
 #
-# The phase is taken from the script's name (epilog* -> epilog) or from $1.
+# The phase is taken from the script's name (epilog* -> epilog, healthcheck* -> periodic) or from
+# $1 (prolog, epilog, periodic). `periodic` is Slurm's HealthCheckProgram mode (slurm.conf:
+# HealthCheckProgram=/usr/local/sbin/healthcheck-gpuwarden.sh, HealthCheckInterval=300): it runs
+# `gpuwarden health-check run` outside any job, drains with a "gpuwarden periodic: ..." reason and
+# always finishes well inside slurmd's 60 s kill (the guard below, 15 s by default).
+#
+# CPU-only nodes pass without running anything: a node with no /dev/nvidia<N> and no
+# /dev/nvidiactl, when the job got no GPUs (SLURM_JOB_GPUS empty) and
+# GPUWARDEN_HEALTH_EXPECTED_GPUS is not set above 0; and a job in a partition that is not
+# listed in GPUWARDEN_HEALTH_GPU_PARTITIONS (comma separated; unset = every partition is
+# checked). So `Prolog=` can be set cluster-wide, as Slurm does it.
 #
 # Environment (all optional). The env file is parsed, never executed: `KEY=VALUE` lines (an
 # optional `export ` prefix; KEY is [A-Z_][A-Z0-9_]*), blank lines and `#` comment lines; one
@@ -44,10 +54,11 @@ phase=${1:-}
 if [ -z "$phase" ]; then
     case "$(basename "$0")" in
         epilog*) phase=epilog ;;
+        healthcheck*) phase=periodic ;;
         *) phase=prolog ;;
     esac
 fi
-case "$phase" in prolog|epilog) ;; *) echo "usage: $0 [prolog|epilog]" >&2; exit 2 ;; esac
+case "$phase" in prolog|epilog|periodic) ;; *) echo "usage: $0 [prolog|epilog|periodic]" >&2; exit 2 ;; esac
 
 # --- the env file: data, never executed (bash builtins only: PATH may not be set yet) ---------
 # the caller's environment: exported names only (bash itself sets a few variables, PATH among
@@ -142,11 +153,54 @@ if [ -n "${GPUWARDEN_HEALTH_WRAPPER_TIMEOUT_S:-}" ]; then
     fi
 fi
 
+# --- CPU-only nodes and jobs outside the GPU partitions pass -------------------------------------
+skip=
+expected=${GPUWARDEN_HEALTH_EXPECTED_GPUS:-}
+expected=${expected//[[:space:]]/}
+if [[ $expected =~ ^[0-9]+$ ]] && [ "$((10#$expected))" -gt 0 ]; then
+    :   # a GPU node by configuration: always checked (a missing driver is a failure there)
+else
+    gpu_parts=${GPUWARDEN_HEALTH_GPU_PARTITIONS:-}
+    job_part=${SLURM_JOB_PARTITION:-}
+    if [ -n "$gpu_parts" ] && [ -n "$job_part" ] && [ "$phase" != periodic ]; then
+        in_list=0
+        IFS=', ' read -r -a parts <<<"$gpu_parts"
+        for p in ${parts[@]+"${parts[@]}"}; do [ "$p" = "$job_part" ] && in_list=1; done
+        [ "$in_list" = 1 ] || skip="partition $(printable "$job_part" 40) is not a GPU partition (GPUWARDEN_HEALTH_GPU_PARTITIONS)"
+    fi
+    if [ -z "$skip" ] && [ -z "${SLURM_JOB_GPUS:-}" ]; then
+        dev=${GPUWARDEN_HEALTH_DEV_DIR:-/dev}
+        shopt -s nullglob
+        nv=("$dev"/nvidia[0-9]*)
+        shopt -u nullglob
+        [ -e "$dev/nvidiactl" ] && nv+=("$dev/nvidiactl")
+        if [ "${#nv[@]}" -eq 0 ]; then
+            # An NVIDIA display/3D controller on the PCI bus (vendor 0x10de, class 0x0300/0x0302)
+            # without its /dev nodes is a GPU node whose driver failed, not a CPU-only node.
+            pci=0
+            for d in "${GPUWARDEN_HEALTH_SYS_DIR:-/sys}"/bus/pci/devices/*; do
+                [ -r "$d/vendor" ] && [ -r "$d/class" ] || continue
+                read -r v <"$d/vendor" || continue
+                read -r c <"$d/class" || continue
+                if [ "$v" = 0x10de ] && { [[ $c == 0x0300* ]] || [[ $c == 0x0302* ]]; }; then pci=1; break; fi
+            done
+            [ "$pci" = 1 ] || skip="no NVIDIA device in $dev: CPU-only node"
+        fi
+    fi
+fi
+
 # --- run ----------------------------------------------------------------------------------------
 errf=$(mktemp "${TMPDIR:-/tmp}/gpuwarden-$phase.XXXXXX" 2>/dev/null) || errf=
 trap 'if [ -n "$errf" ]; then rm -f -- "$errf"; fi' EXIT
-out=$(timeout -k 2 "$guard" "$bin" health-check "$phase" 2>"${errf:-/dev/null}")
-rc=$?
+sub=$phase
+[ "$phase" = periodic ] && sub=run   # `gpuwarden health-check run`: the periodic checks
+if [ -n "$skip" ]; then
+    out="OK: $skip, nothing to check"
+    rc=0
+else
+    out=$(timeout -k 2 "$guard" "$bin" health-check "$sub" 2>"${errf:-/dev/null}")
+    rc=$?
+fi
 first=${out%%$'\n'*}
 first=${first%$'\r'}
 # the command's last stderr line that says something (rich's box drawing and colours removed)
@@ -157,7 +211,7 @@ if [ -n "$errf" ] && [ -s "$errf" ]; then
     err=$(printable "$err" 200)
 fi
 case $rc in
-    124|137) line="CRITICAL: gpuwarden health-check $phase ran past ${guard}s and was killed"; rc=2 ;;
+    124|137) line="CRITICAL: gpuwarden health-check $sub ran past ${guard}s and was killed"; rc=2 ;;
     126|127) line="UNKNOWN: cannot run $bin${err:+: $err}"; rc=3 ;;
     *)
         words=(OK WARNING CRITICAL UNKNOWN)
@@ -165,7 +219,7 @@ case $rc in
             line=$first
         else
             detail=${err:-${first:+printed: $(printable "$first" 150)}}
-            line="UNKNOWN: gpuwarden health-check $phase exited $rc without a result: ${detail:-no output}"
+            line="UNKNOWN: gpuwarden health-check $sub exited $rc without a result: ${detail:-no output}"
             rc=3
         fi
         ;;

@@ -194,7 +194,8 @@ async def test_xid79_on_a_real_slurm_job_is_found_attributed_and_drained_once(
 
         def second_decision(v: bytes) -> Remediation | None:
             x = Remediation.model_validate_json(v)
-            return x if f.failure_id in x.failure_ids and x.decision.value != "executed" else None
+            # an intent record precedes every command (issue 13): the decision is the outcome after it
+            return x if f.failure_id in x.failure_ids and x.decision.value not in ("executed", "intent") else None
 
         again = await topics.wait_for("remediations", second_decision, 30, "the decision on the redelivery")
         assert again.decision.value == "skipped"

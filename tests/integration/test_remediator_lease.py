@@ -61,10 +61,12 @@ async def test_kafka_lease_one_active_standby_takes_over_one_drain(bus_env: dict
         assert leader.lease.held() and not standby.lease.held()
         assert _consuming(leader) and standby.failures_consumer is None
         await p.send_and_wait(f"{prefix}failures", failure().to_json(), key=b"gpu-node-002")
-        [first] = [Remediation.model_validate_json(v) for v in await read(bs, f"{prefix}remediations", 1)]
+        # the intent is recorded before the command runs, then the outcome (issue 13)
+        intent, first = [Remediation.model_validate_json(v) for v in await read(bs, f"{prefix}remediations", 2)]
+        assert intent.decision.value == "intent" and intent.node == "gpu-node-002"
         assert first.decision.value == "executed" and first.node == "gpu-node-002"
         assert [c[:2] for c in fake.calls] == [("gpu-node-002", "DRAIN")]
-        assert standby.decisions == {} and leader.decisions == {"executed": 1}  # the standby decided nothing
+        assert standby.decisions == {} and leader.decisions.get("executed") == 1  # the standby decided nothing
 
         t0 = time.monotonic()
         await leader.stop()  # the active replica goes away: the standby takes the lease
@@ -72,9 +74,9 @@ async def test_kafka_lease_one_active_standby_takes_over_one_drain(bus_env: dict
         took = time.monotonic() - t0
         # the same failure again (redelivery after the hand-over): the new holder decides, no 2nd drain
         await p.send_and_wait(f"{prefix}failures", failure().to_json(), key=b"gpu-node-002")
-        rems = [Remediation.model_validate_json(v) for v in await read(bs, f"{prefix}remediations", 2)]
-        assert len(rems) == 2, rems
-        second = rems[1]
+        rems = [Remediation.model_validate_json(v) for v in await read(bs, f"{prefix}remediations", 3)]
+        assert len(rems) == 3, rems
+        second = rems[2]
         assert second.decision.value == "skipped" and "[rule=already-drained]" in second.reason
         assert [c[:2] for c in fake.calls] == [("gpu-node-002", "DRAIN")]  # one drain in total
         assert standby.status()["active"] and standby.decisions == {"skipped": 1}

@@ -75,14 +75,14 @@ async def test_simulated_profiles_and_thermal_throttle() -> None:
     samples, _ = await run_ticks(src, 4)
     s3 = samples[3]  # t=3: thermal fault on GPU 1 active (2..6)
     busy = s3.gpus[0]
-    assert 90 <= busy.utilization_gpu_pct <= 100 and 600 <= busy.power_w <= 700
-    assert busy.sm_clock_mhz == 1980 and 60 <= busy.temperature_c <= 75
+    assert 90 <= busy.utilization_gpu_pct <= 100 and 500 <= busy.power_w <= 700
+    assert 1700 <= busy.sm_clock_mhz <= 1980 and 50 <= busy.temperature_c <= 75  # per-GPU spread (sim realism)
     assert 68 * 1024 <= busy.memory_used_mib <= 72 * 1024
     hot = s3.gpus[1]
     assert hot.throttle_reasons == ["sw_thermal_slowdown"] and hot.sm_clock_mhz < 1500 and hot.temperature_c >= 87
     idle = s3.gpus[6]  # job holds GPUs 0-3 only
     assert idle.utilization_gpu_pct == 0 and idle.sm_clock_mhz == 345 and idle.throttle_reasons == ["gpu_idle"]
-    assert 60 <= idle.power_w <= 80
+    assert 55 <= idle.power_w <= 85
     assert samples[0].gpus[1].throttle_reasons == []  # before the fault
 
 

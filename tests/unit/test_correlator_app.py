@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
-from unittest.mock import patch
+from unittest.mock import AsyncMock, patch
 
 import orjson
 import pytest
@@ -85,13 +86,16 @@ def test_create_app_builds_independent_apps() -> None:
 
 @pytest.fixture
 def sent() -> Iterator[list[tuple[str, bytes | None, bytes]]]:
-    """Capture what the agents publish (faust's documented way: patch the topic's send)."""
+    """Capture what the agents publish (they send through the app's producer, not Topic.send)."""
     out: list[tuple[str, bytes | None, bytes]] = []
 
-    async def fake_send(self: Any, *, key: bytes | None = None, value: bytes, **_: Any) -> None:
-        out.append((self.get_topic_name(), key, value))
+    async def fake_send(self: Any, topic: str, key: bytes | None, value: bytes, *_: Any, **__: Any) -> Any:
+        out.append((topic, key, value))
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        return fut
 
-    with patch("faust.topics.Topic.send", fake_send):
+    with patch("faust.transport.drivers.aiokafka.Producer.send", fake_send):
         yield out
 
 
@@ -145,18 +149,20 @@ async def test_agents_join_samples_and_events_with_the_table(sent: list[tuple[st
     # The windows table is changelogged in batches, when a commit starts: not on every sample.
     assert app.windows_store.dirty == {NODE: 1}
     assert not [s for s in sent if "node-windows-changelog" in s[0]]
-    # A commit starting flushes them: one record per dirty node, its partition, its state as JSON.
-    flushed: list[tuple[Any, ...]] = []
-
-    def send_changelog(partition: int, key: str, value: bytes, key_serializer: Any = None, **kw: Any) -> None:
-        flushed.append((partition, key, value, kw.get("value_serializer")))
-
-    with patch.object(app.windows_table, "send_changelog", send_changelog):
-        app.sensors.on_commit_initiated(app.consumer)
-        assert flushed == [(1, NODE, orjson.dumps(app.windows_table.get(NODE)), "raw")]
-        assert app.windows_store.dirty == {}
-        app.sensors.on_commit_initiated(app.consumer)  # nothing changed since: nothing sent
-        assert len(flushed) == 1
+    # A commit starting snapshots them: one record per dirty node, its partition, its state as
+    # JSON; the producer flush that faust awaits before committing the offsets sends them.
+    state = orjson.dumps(app.windows_table.get(NODE))
+    app.sensors.on_commit_initiated(app.consumer)
+    key = orjson.dumps(NODE)  # the table's own key serialisation (JSON), as faust's send_changelog wrote it
+    assert app.windows_store.unsent == [(1, key, state)]
+    assert app.windows_store.dirty == {}
+    app.sensors.on_commit_initiated(app.consumer)  # nothing changed since: nothing more
+    assert len(app.windows_store.unsent) == 1
+    with patch.object(app.producer.buffer, "flush", AsyncMock()):  # (the allocations table's queue: not started)
+        await app.producer.flush()
+    changelog = app.windows_table.changelog_topic.get_topic_name()
+    assert [s for s in sent if s[0] == changelog] == [(changelog, key, state)]
+    assert app.windows_store.unsent == []
     # Dirty nodes of a revoked partition are forgotten (their next owner reprocesses them).
     app.windows_store.dirty = {NODE: 1, "other": 0, "third": 2}
     app.windows_store.drop({1})

@@ -10,10 +10,13 @@ import pytest
 
 from gpuwarden.detector import Detector, load_catalog
 from gpuwarden.shared.models import (
+    AttributedEvent,
     AttributedSample,
+    EventKind,
     Failure,
     FailureState,
     GpuAttribution,
+    GpuEvent,
     GpuSample,
     HealthCheckResult,
     JobState,
@@ -105,7 +108,7 @@ GPU_CASES = {
 @pytest.mark.parametrize("pattern", sorted(GPU_CASES))
 def test_gpu_condition_fires_after_for_s_and_not_before(pattern: str) -> None:
     mutate, for_s = GPU_CASES[pattern]
-    fired = run(mutate, 10 + for_s + 3)
+    fired = run(mutate, 10 + for_s + 8)  # + the few seconds a condition waits for an XID explaining it
     assert pattern in patterns(fired), patterns(fired)
     f = next(f for f in fired if f.pattern == pattern)
     assert (f.node, f.gpu_index, f.job_id) == ("gpu-node-001", 3, "77")
@@ -272,7 +275,12 @@ JOB_CASES: dict[str, Callable[[str, int, int], dict[str, Any]]] = {
         "power_w_mean": 70.0,
     },
     "partial-idle-allocation": lambda n, g, k: (
-        {"utilization_gpu_pct_mean": 0.0, "utilization_gpu_pct_min": 0.0, "power_w_mean": 70.0}
+        {
+            "utilization_gpu_pct_mean": 0.0,
+            "utilization_gpu_pct_min": 0.0,
+            "utilization_gpu_pct_max": 2.0,
+            "power_w_mean": 70.0,
+        }
         if (n, g) == ("n2", 1)
         else {}
     ),
@@ -292,13 +300,22 @@ JOB_CASES: dict[str, Callable[[str, int, int], dict[str, Any]]] = {
         else {"memory_used_mib_max": 60_000.0 + ((k * 7 + g) % 5) * 400}  # noisy but flat: no leak
     ),
     "low-tensor-activity": lambda n, g, k: {"tensor_activity_pct_mean": 2.0},
-    "checkpoint-stall": lambda n, g, k: {"utilization_gpu_pct_min": 0.0} if k % 2 == 0 else {},
+    # every 6th and 7th window of 10: rank 0 writes the checkpoint while the other GPUs spin in a collective
+    "checkpoint-stall": lambda n, g, k: (
+        (
+            {"utilization_gpu_pct_mean": 12.0, "power_w_mean": 160.0}
+            if (n, g) == ("n1", 0)
+            else {"utilization_gpu_pct_mean": 100.0, "utilization_gpu_pct_max": 100.0, "power_w_mean": 150.0}
+        )
+        if k % 10 in (6, 7)
+        else {}
+    ),
 }
 
 
 @pytest.mark.parametrize("pattern", sorted(JOB_CASES))
 def test_job_condition_fires(pattern: str) -> None:
-    fired = run_windows(JOB_CASES[pattern], 40)
+    fired = run_windows(JOB_CASES[pattern], 100)  # 1000 s: past the start-up grace and the longest for_s
     assert pattern in patterns(fired), patterns(fired)
     f = next(f for f in fired if f.pattern == pattern)
     assert f.job_id == "88" and f.user == "bob" and f.verdict and f.evidence
@@ -323,12 +340,12 @@ def test_healthy_job_raises_nothing_over_an_hour_of_windows() -> None:
 def test_job_conditions_resolve_when_the_job_ends() -> None:
     d = Detector(load_catalog())
     out: list[Failure] = []
-    for k in range(20):
+    for k in range(70):  # past the 300 s start-up grace and the 300 s for_s
         for w in windows({"n1": 4, "n2": 4}, T0 + 10 * k, JOB_CASES["idle-allocation"], k):
             out += d.on_window(w)
     opened = [f for f in out if f.pattern == "idle-allocation"]
     assert opened and opened[0].state is FailureState.OPEN
-    ended = d.on_job(JobState(job_id="88", ts=T0 + 300, state="COMPLETED", nodes=["n1", "n2"], end_ts=T0 + 300))
+    ended = d.on_job(JobState(job_id="88", ts=T0 + 700, state="COMPLETED", nodes=["n1", "n2"], end_ts=T0 + 700))
     [res] = [f for f in ended if f.pattern == "idle-allocation"]
     assert res.state is FailureState.RESOLVED and res.failure_id == opened[0].failure_id
 
@@ -365,3 +382,145 @@ def test_nodes_of_an_idle_partition_still_become_silent() -> None:
             b = NodeSample(node="b", ts=T0 + s, collector_id="t", source="test", gpus=[healthy(0)])
             out += d.on_sample(AttributedSample(sample=b, jobs=[JOB]), partition=1)
     assert {(f.pattern, f.node) for f in out} == {("telemetry-silent", "b")}
+
+
+# -- real-GPU behaviour: near misses that look alarming ------------------------------------------
+def test_a_gpu_at_its_power_limit_is_power_capped_not_slow() -> None:
+    """A recording without throttle reasons: 348 W of a 350 W cap at 825 of 1755 MHz (H100 PCIe GEMM)."""
+    capped = lambda i, t: {
+        "power_w": 348.0,
+        "power_limit_w": 350.0,
+        "sm_clock_mhz": 825.0,
+        "max_sm_clock_mhz": 1755.0,
+        "throttle_reasons": [],
+    }
+    fired = patterns(run(capped, 200))
+    assert "power-cap-throttle" in fired and not fired & {"clocks-low", "thermal-throttle", "power-brake"}
+
+
+def test_busy_gpus_below_their_power_limit_at_low_clocks_are_still_clocks_low() -> None:
+    slow = lambda i, t: {"sm_clock_mhz": 900.0, "power_w": 420.0} if i == 3 and t >= 10 else {}
+    assert "clocks-low" in patterns(run(slow, 90))
+
+
+def test_per_gpu_power_spread_of_real_gpus_is_no_straggler() -> None:
+    """Real GPUs of one job differ 10-20 % in power; without clocks that alone is no straggler."""
+    spread = lambda n, g, k: {"sm_clock_mhz_mean": None, "power_w_mean": 520.0 + 25 * g + (k * 7 + g) % 20}
+    assert not patterns(run_windows(spread, 120))
+
+
+def test_a_gpu_slower_by_clock_is_a_straggler_even_among_noisy_peers() -> None:
+    slow = lambda n, g, k: {
+        "sm_clock_mhz_mean": 1350.0 if (n, g) == ("n1", 2) else 1850.0 + (k * 13 + g * 7) % 90,
+        "power_w_mean": 560.0 + 20 * g,
+    }
+    fired = [f for f in run_windows(slow, 60) if f.pattern == "straggler-gpu"]
+    assert {(f.node, f.gpu_index) for f in fired} == {("n1", 2)}
+
+
+def _hang(n: str, g: int, k: int, start: int, end: int) -> dict[str, Any]:
+    if start <= k < end:
+        return {
+            "utilization_gpu_pct_mean": 100.0,
+            "utilization_gpu_pct_max": 100.0,
+            "power_w_mean": 110.0,
+            "tensor_activity_pct_mean": 0.0,
+        }
+    return {}
+
+
+def test_a_short_all_gpu_pin_that_recovers_is_no_hang() -> None:
+    fired = patterns(run_windows(lambda n, g, k: _hang(n, g, k, 40, 60), 100))  # 200 s
+    assert "collective-hang" not in fired and "low-tensor-activity" not in fired
+
+
+def test_a_hang_is_one_failure_for_the_job_not_one_per_gpu() -> None:
+    out = run_windows(lambda n, g, k: _hang(n, g, k, 40, 100), 100)  # 600 s pinned
+    opened = {f.failure_id: f for f in out if f.state is FailureState.OPEN}
+    assert [f.pattern for f in opened.values()] == ["collective-hang"]
+    assert next(iter(opened.values())).gpu_index is None
+
+
+def test_checkpoint_writes_are_checkpoint_stalls_not_hangs_or_partial_idle() -> None:
+    """Rank 0 writes (< 30 %) while ranks 1-7 spin at 100 % and ~150 W, most of the time."""
+
+    def ckpt(n: str, g: int, k: int) -> dict[str, Any]:
+        if k < 20 or k % 8 == 0:
+            return {}  # working windows
+        if (n, g) == ("n1", 0):
+            return {"utilization_gpu_pct_mean": 3.0, "utilization_gpu_pct_max": 4.0, "power_w_mean": 145.0}
+        return {"utilization_gpu_pct_mean": 100.0, "utilization_gpu_pct_max": 100.0, "power_w_mean": 150.0}
+
+    fired = patterns(run_windows(ckpt, 120))
+    assert "checkpoint-stall" in fired
+    assert not fired & {"collective-hang", "partial-idle-allocation", "straggler-gpu", "straggler-node"}
+
+
+def test_a_start_up_phase_is_not_an_idle_allocation() -> None:
+    loading = lambda n, g, k: JOB_CASES["idle-allocation"](n, g, k) if k < 25 else {}  # 250 s loading
+    assert "idle-allocation" not in patterns(run_windows(loading, 60))
+
+
+def test_a_contained_memory_error_and_its_row_remap_are_one_failure() -> None:
+    d = Detector(load_catalog())
+    out: list[Failure] = []
+    for s in range(40):
+        g = [
+            healthy(i, **({"remapped_rows_pending": True, "ecc_dbe_volatile": 1} if i == 3 and s >= 10 else {}))
+            for i in range(8)
+        ]
+        sample = NodeSample(node="n1", ts=T0 + s, collector_id="t", source="test", gpus=g)
+        out += d.on_sample(
+            AttributedSample(sample=sample, jobs=[JOB.model_copy(update={"gpu_index": i}) for i in range(8)])
+        )
+        if s == 10:
+            ev = GpuEvent(
+                event_id="x94",
+                node="n1",
+                ts=T0 + 10.2,
+                kind=EventKind.XID,
+                code=94,
+                gpu_index=3,
+                message="Contained: SM (0x1)",
+                raw="NVRM: Xid (PCI:0000:1b:00): 94, ...",
+                source="test",
+            )
+            out += d.on_event(AttributedEvent(event=ev, job=JOB.model_copy(update={"gpu_index": 3})))
+    ids = {f.failure_id for f in out}
+    assert len(ids) == 1 and {f.pattern for f in out} == {"contained-memory-error"}
+    signals = {e.signal for e in out[-1].evidence}
+    assert {"xid", "remapped_rows_pending"} <= signals
+
+
+def test_gpus_taking_turns_are_not_input_starved() -> None:
+    """Sequential model parallelism (a 70B model split over 4 GPUs, one busy at a time): each GPU
+    ~25 %, together one busy GPU; an 8-GPU data-parallel job at the same duty is input-bound."""
+    turns = lambda n, g, k: {"utilization_gpu_pct_mean": 22.0 + g % 3, "utilization_gpu_pct_min": 0.0}
+    assert "input-starvation" not in patterns(run_windows(turns, 100, {"n1": 4}))
+    assert "input-starvation" in patterns(run_windows(turns, 100, {"n1": 8}))
+
+
+def test_the_gpu_that_fell_off_the_bus_going_missing_is_the_same_failure() -> None:
+    d = Detector(load_catalog())
+    out: list[Failure] = []
+    for s in range(60):
+        n = 7 if s >= 21 else 8  # GPU 7 gone from NVML right after its XID 79
+        sample = NodeSample(node="n1", ts=T0 + s, collector_id="t", source="test", gpus=[healthy(i) for i in range(n)])
+        out += d.on_sample(
+            AttributedSample(sample=sample, jobs=[JOB.model_copy(update={"gpu_index": i}) for i in range(n)])
+        )
+        if s == 20:
+            ev = GpuEvent(
+                event_id="x79",
+                node="n1",
+                ts=T0 + 20.5,
+                kind=EventKind.XID,
+                code=79,
+                gpu_index=7,
+                message="GPU has fallen off the bus.",
+                raw="NVRM: Xid (PCI:0000:1f:00): 79, ...",
+                source="test",
+            )
+            out += d.on_event(AttributedEvent(event=ev, job=JOB.model_copy(update={"gpu_index": 7})))
+    assert {f.pattern for f in out} == {"gpu-fallen-off-bus"} and len({f.failure_id for f in out}) == 1
+    assert "gpu_count" in {e.signal for e in out[-1].evidence}

@@ -881,3 +881,69 @@ def test_nvlink_ignores_another_jobs_lost_gpu() -> None:
     assert run1("nvlink", inputs(nv), gpus=[0]).status == Status.OK
     r = run1("nvlink", inputs(nv), gpus=[3])
     assert r.status == Status.CRITICAL and r.reason.startswith("GPU 3:")
+
+
+# -- incomplete tool output is UNKNOWN, never OK (issue 15) ---------------------------------
+
+
+def test_ibstat_ibpanic_partial_output_is_unknown_not_ok() -> None:
+    from gpuwarden.health_check.checks import check_infiniband
+
+    partial = (Path(__file__).resolve().parents[1] / "fixtures/infiniband/ibstat-ibpanic-partial.txt").read_text()
+
+    class _Out:
+        def __init__(self, rc: int, stdout: str, stderr: str = "") -> None:
+            self.returncode, self.stdout, self.stderr = rc, stdout, stderr
+
+    class _Runner:
+        def run(self, argv: list[str], timeout_s: float) -> _Out:
+            if argv[0] == "ibstat":
+                body, _, panic = partial.rpartition("ibpanic:")
+                return _Out(255, body, "ibpanic:" + panic)
+            raise ToolMissing(argv[0])
+
+    class _Inp:
+        sysfs_root = Path("/nonexistent-sysfs-root")
+        runner = _Runner()
+
+    class _Ctx:
+        tool_timeout_s = 5.0
+        ib_rate_gbps = None
+        ib_ports = None
+        ib_ignore: list[str] = []
+
+    r = check_infiniband(_Inp(), _Ctx())  # type: ignore[arg-type]
+    assert r.status.name == "UNKNOWN", r
+    assert "ibstat exited 255" in r.reason
+
+
+def test_ibstat_ibpanic_in_stdout_is_unknown_not_ok() -> None:
+    from gpuwarden.health_check.checks import read_ib_ports
+
+    partial = (Path(__file__).resolve().parents[1] / "fixtures/infiniband/ibstat-ibpanic-partial.txt").read_text()
+
+    class _Out:
+        returncode, stdout, stderr = 0, partial, ""
+
+    class _Runner:
+        def run(self, argv: list[str], timeout_s: float) -> _Out:
+            if argv[0] == "ibstat":
+                return _Out()
+            raise ToolMissing(argv[0])
+
+    class _Inp:
+        sysfs_root = Path("/nonexistent-sysfs-root")
+        runner = _Runner()
+
+    class _Ctx:
+        tool_timeout_s = 5.0
+
+    ports, source, problems = read_ib_ports(_Inp(), _Ctx())  # type: ignore[arg-type]
+    assert (ports, source) == ([], None)
+    assert problems and "ibstat died after 1 port" in problems[0]
+
+
+def test_dcgm_cut_off_diag_is_unknown_never_ok() -> None:
+    text = (Path(__file__).resolve().parents[1] / "fixtures/dcgm/diag-r4-dcgm2x-blacklist-all-pass.txt").read_text()
+    res = evaluate_dcgm(parse_dcgmi_diag("\n".join(text.splitlines()[:10])))
+    assert res.status.name == "UNKNOWN"

@@ -252,7 +252,11 @@ def test_gpuwarden_parse_command(name: str, path: Path, n: int) -> None:
     exe = Path(sys.executable).with_name("gpuwarden")
     out = subprocess.run([str(exe), "parse", name, str(path)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert len(json.loads(out.stdout)) == n
+    doc = json.loads(out.stdout)
+    if name == "ibstat":  # an IbstatReport: the ports and whether ibstat finished
+        assert (doc["complete"], doc["error"]) == (True, None)
+        doc = doc["ports"]
+    assert len(doc) == n
 
 
 def test_gpuwarden_parse_dcgmi_discovery_and_diag() -> None:

@@ -94,6 +94,9 @@ class Rig:
         self.env_file = self.dir / "health.env"
         self.env_file.write_text("")
         self.node(UNDRAINED)
+        self.devdir = self.dir / "dev"
+        self.devdir.mkdir()
+        (self.devdir / "nvidia0").write_text("")
         self.env = {
             "PATH": f"{self.bin}:/usr/bin:/bin",
             "TMPDIR": str(self.tmp),
@@ -103,6 +106,7 @@ class Rig:
             "GPUWARDEN_HEALTH_ENV_FILE": str(self.env_file),
             "SLURMD_NODENAME": NODE,
             "SLURM_JOB_ID": JOB,
+            "GPUWARDEN_HEALTH_DEV_DIR": str(self.devdir),  # a GPU node: the CPU-only pass is tested on its own
         }
 
     def _exe(self, path: Path, text: str) -> Path:
@@ -482,7 +486,8 @@ def test_the_phase_comes_from_the_name_or_the_argument(rig: Rig) -> None:
     assert rig.run(script=link).returncode == 0 and rig.argv == ["health-check", "epilog"]
     assert rig.run("epilog").returncode == 0 and rig.argv == ["health-check", "epilog"]
     assert rig.run().returncode == 0 and rig.argv == ["health-check", "prolog"]
-    p = rig.run("periodic")
+    assert rig.run("periodic").returncode == 0 and rig.argv == ["health-check", "run"]
+    p = rig.run("bogus")
     assert p.returncode == 2 and "usage:" in p.stderr
 
 

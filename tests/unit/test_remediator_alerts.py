@@ -107,8 +107,10 @@ async def test_alertmanager_v2_fire_dedup_resolve(receiver: tuple[Receiver, str]
         "alertname": "GpuwardenNodeDrained",
         "node": "gpu-node-003",
         "pattern": "gpu-fallen-off-bus",
-        "severity": "fatal",
+        "severity": "critical",  # fatal is routed as critical, the original kept
+        "gpuwarden_severity": "fatal",
     }
+    assert first["annotations"]["runbook_url"].endswith("/docs/runbooks/gpu-fallen-off-bus.md")
     assert first["startsAt"] == "2027-01-15T08:00:00.000Z" and "endsAt" not in first
     assert first["annotations"]["summary"] == "drained" and first["generatorURL"] == "http://rem/status"
     t[0] += 31
@@ -154,7 +156,7 @@ async def test_slack_and_webhook_and_secrets_not_logged(
     (fired, auth), (resolved, _) = rec.hook
     assert auth == f"Bearer {TOKEN}"
     assert fired["status"] == "firing" and fired["alerts"][0]["labels"]["pattern"] == "thermal-throttle"
-    assert resolved["status"] == "resolved" and "endsAt" in resolved["alerts"][0]
+    assert resolved["status"] == "resolved" and _ts(resolved["alerts"][0]["endsAt"]).year > 1
     assert al.failed == 2  # the unreachable sink, fire and resolve
     assert TOKEN not in caplog.text and "services/" not in caplog.text
     assert TOKEN not in repr(slack.__dict__) and TOKEN not in str(hook.__dict__)
@@ -167,7 +169,7 @@ async def test_memory_sink_grouping_per_node_and_pattern() -> None:
     await al.fire("A", "n1", "p2", "critical", "s")
     await al.fire("A", "n1", "p1", "critical", "s")
     assert [b[0].labels["pattern"] for b in sink.sent] == ["p1", "p2"]
-    assert await al.resolve("n1", pattern="p2") == 1 and list(al.active) == [("n1", "A", "p1")]
+    assert await al.resolve("n1", pattern="p2") == 1 and list(al.active) == [("n1", "A", "p1", "")]
 
 
 async def test_node_cap_alerts_instead_of_draining_through_the_service(receiver: tuple[Receiver, str]) -> None:
@@ -251,3 +253,101 @@ async def test_node_cap_alerts_instead_of_draining_through_the_service(receiver:
     assert isinstance(published[-1], Remediation) and published[-1].decision.value == "refused"
     clock[0] += 7 * 86400  # a week later the cap has room again
     assert (await r.handle_failure(fail("cap-4"))).decision.value == "executed"
+
+
+@pytest.mark.parametrize(
+    ("sev", "routed"), [("fatal", "critical"), ("critical", "critical"), ("warning", "warning"), ("info", "info")]
+)
+def test_severity_is_mapped_for_routing_and_the_original_kept(sev: str, routed: str) -> None:
+    from gpuwarden.remediator.alerts import alertmanager_severity
+
+    assert alertmanager_severity(sev) == routed
+
+
+def test_unknown_severity_is_an_error() -> None:
+    from gpuwarden.remediator.alerts import alertmanager_severity
+
+    with pytest.raises(ValueError, match="unknown severity 'page'"):
+        alertmanager_severity("page")
+
+
+def validate_am_webhook(body: Any) -> None:
+    """Alertmanager's webhook notification (``version`` 4, as in its docs' example): every key
+    a receiver written for Alertmanager reads, with the right types."""
+    assert body["version"] == "4"
+    for k in ("groupKey", "status", "receiver", "externalURL"):
+        assert isinstance(body[k], str), k
+    assert isinstance(body["truncatedAlerts"], int)
+    for k in ("groupLabels", "commonLabels", "commonAnnotations"):
+        assert all(isinstance(v, str) for v in body[k].values()), k
+    assert body["status"] in ("firing", "resolved")
+    for a in body["alerts"]:
+        assert set(a) == {"status", "labels", "annotations", "startsAt", "endsAt", "generatorURL", "fingerprint"}
+        _ts(a["startsAt"])
+        _ts(a["endsAt"])
+
+
+async def test_webhook_posts_alertmanagers_webhook_format(receiver: tuple[Receiver, str]) -> None:
+    rec, base = receiver
+    t = [1_800_000_000.0]
+    al = Alerter([JsonWebhookSink(SecretStr(f"{base}/hook"))], labels={"cluster": "c1"}, now=lambda: t[0])
+    await al.fire(
+        "GpuwardenNodeDrained",
+        "gpu-node-003",
+        "gpu-fallen-off-bus",
+        "fatal",
+        "would drain",
+        gpu=5,
+        job_id="1001",
+        dry_run=True,
+        starts_at=t[0] - 30,
+        failure_id="abcdef0123456789",
+        generator_url="http://console/failures/abcdef0123456789",
+    )
+    await al.resolve("gpu-node-003", pattern="gpu-fallen-off-bus", gpu=5, ends_at=t[0] + 40)
+    (fired, _), (resolved, _) = rec.hook
+    for body in (fired, resolved):
+        validate_am_webhook(body)
+    assert fired["groupKey"] == '{}:{alertname="GpuwardenNodeDrained", node="gpu-node-003"}'
+    assert fired["commonLabels"]["severity"] == "critical" and fired["commonLabels"]["gpuwarden_severity"] == "fatal"
+    [a] = fired["alerts"]
+    assert a["labels"]["gpu"] == "5" and a["labels"]["job_id"] == "1001" and a["labels"]["dry_run"] == "true"
+    assert a["startsAt"] == "2027-01-15T07:59:30.000Z" and a["endsAt"] == "0001-01-01T00:00:00Z"
+    assert a["generatorURL"] == "http://console/failures/abcdef0123456789"
+    assert a["annotations"]["failure_id"] == "abcdef0123456789"
+    [r] = resolved["alerts"]
+    assert resolved["status"] == "resolved" and r["endsAt"] == "2027-01-15T08:00:40.000Z"
+    assert r["fingerprint"] == a["fingerprint"]  # the same alert, resolved
+
+
+async def test_alerts_of_different_gpus_are_separate() -> None:
+    sink = MemoryAlertSink()
+    al = Alerter([sink])
+    assert await al.fire("A", "n1", "gpu-missing", "critical", "s", gpu=1)
+    assert await al.fire("A", "n1", "gpu-missing", "critical", "s", gpu=2)
+    assert not await al.fire("A", "n1", "gpu-missing", "critical", "s", gpu=2)
+    assert await al.resolve("n1", pattern="gpu-missing", gpu=1) == 1
+    assert list(al.active) == [("n1", "A", "gpu-missing", "2")]
+    assert "gpu" not in (await _fire_no_gpu()).labels  # unknown GPU: the label is absent, not empty
+
+
+async def _fire_no_gpu() -> Any:
+    sink = MemoryAlertSink()
+    al = Alerter([sink])
+    await al.fire("A", "n1", "telemetry-silent", "warning", "s")
+    return sink.sent[0][0]
+
+
+def test_every_pattern_and_remediator_alert_has_a_runbook_in_the_repo() -> None:
+    from pathlib import Path
+
+    from gpuwarden.remediator.alerts import RUNBOOK_BASE_URL, runbook_url
+    from gpuwarden.shared.models import PATTERNS
+
+    docs = Path(__file__).resolve().parents[2] / "docs" / "runbooks"
+    for p in [*sorted(PATTERNS), "breaker", "resume"]:
+        url = runbook_url(p)
+        assert url == f"{RUNBOOK_BASE_URL}/{p}.md"
+        text = (docs / f"{p}.md").read_text()
+        assert text.startswith("# "), p
+        assert "## What to do" in text, p

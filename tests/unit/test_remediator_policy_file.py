@@ -8,7 +8,7 @@ import pytest
 
 from factories import make_failure
 from gpuwarden.remediator.policy import History, PolicyConfig, decide
-from gpuwarden.remediator.policy_file import DEFAULT_POLICY, PolicyAction, PolicyError, load_policy
+from gpuwarden.remediator.policy_file import DEFAULT_POLICY, PolicyAction, PolicyError, PolicyRule, load_policy
 from gpuwarden.shared.models import (
     Action,
     Evidence,
@@ -41,6 +41,30 @@ def test_bad_policy_files_fail_with_a_clear_error(name: str) -> None:
     assert "invalid" in str(ei.value) or "YAML" in str(ei.value) or "mapping" in str(ei.value)
 
 
+@pytest.mark.parametrize(
+    ("name", "bad", "hint"),
+    [
+        ("bad-unknown-pattern.yaml", "'ecc-*'", "correctable-ecc-storm"),
+        ("bad-unknown-partition-pattern.yaml", "'gpu-falen-off-bus'", ""),
+    ],
+)
+def test_a_rule_matching_no_known_pattern_is_an_error_at_load(name: str, bad: str, hint: str) -> None:
+    with pytest.raises(PolicyError) as ei:
+        load_policy(FIX / name)
+    msg = str(ei.value)
+    assert bad in msg and "matches no known failure pattern" in msg, msg
+    assert hint in msg
+
+
+def test_every_glob_that_matches_a_known_pattern_loads() -> None:
+    from gpuwarden.shared.models import PATTERNS
+
+    for pat in [*sorted(PATTERNS), "*", "*ecc*", "xid-*", "straggler-????"]:
+        assert PolicyRule(id="r", pattern=pat, action=PolicyAction.ALERT).pattern == pat
+    with pytest.raises(ValueError, match="matches no known"):
+        PolicyRule(id="r", pattern="ecc-*", action=PolicyAction.DRAIN)
+
+
 def test_missing_policy_file() -> None:
     with pytest.raises(PolicyError, match="cannot read"):
         load_policy(FIX / "does-not-exist.yaml")
@@ -60,8 +84,8 @@ def test_example_in_the_service_dir_is_valid() -> None:
         ("unknown-thing", Severity.FATAL, "gpu", {}, D.SKIPPED, "policy:default"),
         ("gpu-fallen-off-bus", Severity.FATAL, "debug", {}, D.EXECUTED, "policy:debug-never-drain"),
         # confirmation: one signal is not enough, two occurrences / two signals are
-        ("ecc-dbe", Severity.CRITICAL, "gpu", {}, D.SKIPPED, "policy:ecc:confirm"),
-        ("ecc-dbe", Severity.CRITICAL, "gpu", {"occurrences": 2}, D.EXECUTED, "policy:ecc"),
+        ("uncorrectable-ecc", Severity.CRITICAL, "gpu", {}, D.SKIPPED, "policy:ecc:confirm"),
+        ("uncorrectable-ecc", Severity.CRITICAL, "gpu", {"occurrences": 2}, D.EXECUTED, "policy:ecc"),
     ],
 )
 def test_rules_severity_partition_and_confirmation(
@@ -86,14 +110,14 @@ def test_confirmation_by_a_second_failure_or_second_signal() -> None:
     node = nodes[2]
     h = History()
     h.note_seen(failure("xid-13", fid="other"), NOW - 10, pol.confirm_window_s)
-    d = decide(failure("ecc-dbe"), node, nodes, h, PolicyConfig(enforce=True), NOW, pol)
+    d = decide(failure("uncorrectable-ecc"), node, nodes, h, PolicyConfig(enforce=True), NOW, pol)
     assert d.decision == D.EXECUTED and d.kind == "drain"
     ev = [Evidence(signal=s, value=1, ts=NOW, source="t") for s in ("xid", "ecc_dbe")]
-    d2 = decide(failure("ecc-dbe", evidence=ev), node, nodes, History(), PolicyConfig(enforce=True), NOW, pol)
+    d2 = decide(failure("uncorrectable-ecc", evidence=ev), node, nodes, History(), PolicyConfig(enforce=True), NOW, pol)
     assert d2.decision == D.EXECUTED
     old = History()
     old.note_seen(failure("xid-13", fid="other"), NOW - 1000, pol.confirm_window_s)
-    d3 = decide(failure("ecc-dbe"), node, nodes, old, PolicyConfig(enforce=True), NOW, pol)
+    d3 = decide(failure("uncorrectable-ecc"), node, nodes, old, PolicyConfig(enforce=True), NOW, pol)
     assert d3.decision == D.SKIPPED and "second signal" in d3.reason
 
 

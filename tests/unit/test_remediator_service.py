@@ -11,7 +11,6 @@ from gpuwarden.shared.models import (
     Action,
     Failure,
     NodeState,
-    Remediation,
 )
 from gpuwarden.shared.models import (
     RemediationDecision as D,
@@ -62,8 +61,12 @@ async def test_enforce_drains_once_and_is_idempotent_under_redelivery() -> None:
     r2, _, _ = make()
     r2.client = fake
     assert (await r2.handle_failure(failure())).decision == D.SKIPPED and len(fake.calls) == 1
-    assert [type(v) for v in prod.of("remediations")] == [Remediation, Remediation]
-    assert [k for t, k, _ in prod.sent] == ["gpu-node-002", "gpu-node-002"]
+    # intent (before the command), its outcome, the redelivery's skip; the restarted one's skip
+    # went to its own producer
+    assert [v.decision for v in prod.of("remediations")] == [D.INTENT, D.EXECUTED, D.SKIPPED]
+    intent, outcome = prod.of("remediations")[:2]
+    assert outcome.intent_id == intent.remediation_id and intent.argv == outcome.argv
+    assert [k for t, k, _ in prod.sent] == ["gpu-node-002"] * 3
 
 
 async def test_dry_run_never_calls_slurm() -> None:

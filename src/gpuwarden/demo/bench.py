@@ -80,8 +80,9 @@ def detect(
             async def go(pl: Pipeline = pl, duration_s: float = sc.duration_s) -> dict[str, Any]:
                 try:
                     await pl.start()
-                    end = pl.result.sim_start + duration_s / speed + 5
-                    while time.time() < end:
+                    # virtual time: until the sources finished and the pipeline drained
+                    limit = time.time() + max(600.0, 10 * duration_s)
+                    while not await pl.finished() and time.time() < limit:
                         await pl.poll()
                     return pl.result.report()
                 finally:
@@ -94,7 +95,10 @@ def detect(
         ok = rep["score"]["passed"]
         if not ok:
             failed.append((path.name, rep["score"]))
-        console.print(f"{'ok  ' if ok else 'FAIL'} {path.name}")
+        cpu = rep["stats"].get("cpu_s")
+        node_ticks = rep["stats"].get("gpu.samples", 0)
+        cost = f" (cpu {cpu:.1f} s, {node_ticks} node samples)" if cpu is not None else ""
+        console.print(f"{'ok  ' if ok else 'FAIL'} {path.name}{cost}")
     wall = time.perf_counter() - t0
     rows = summarise(reports)
     table = Table(
@@ -130,6 +134,11 @@ def detect(
         f"overall: recall {tp / (tp + fn) if tp + fn else 1:.3f}, precision {tp / (tp + fp) if tp + fp else 1:.3f} "
         f"({tp} found, {fn} missed, {fp} false positives)"
     )
+    cpus = [r["stats"]["cpu_s"] for r in reports if r["stats"].get("cpu_s") is not None]
+    if cpus:
+        ticks = sum(r["stats"].get("gpu.samples", 0) for r in reports if r["stats"].get("cpu_s") is not None)
+        per = f", {sum(cpus) / ticks * 1000:.2f} ms per node sample" if ticks else ""
+        console.print(f"cpu: {sum(cpus):.1f} s in-process ({len(cpus)} scenarios{per})")
     for name, res in failed:
         if "error" in res:
             continue

@@ -53,7 +53,7 @@ from gpuwarden.shared.models import EventKind, GpuEvent, GpuSample, JobState, No
 from gpuwarden.shared.scenario import Cluster
 from gpuwarden.shared.topics import create_topics
 
-__all__ = ["LagSeries", "percentile", "pipeline", "rate", "ratio", "summarise_latencies"]
+__all__ = ["LagSeries", "cpu_seconds", "percentile", "pipeline", "rate", "ratio", "rss_mib", "summarise_latencies"]
 
 XID_CODE = 79
 XID_PATTERN = "gpu-fallen-off-bus"
@@ -120,6 +120,30 @@ class LagSeries:
     def lag_at(self, t: float) -> float | None:
         xs = [v for tt, v in self.lag if tt <= t]
         return xs[-1] if xs else None
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of process ``pid`` so far, s (``utime + stime`` of
+    ``/proc/<pid>/stat``, Linux); None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def rss_mib(pid: int) -> float | None:
+    """Resident set size of process ``pid`` (``VmRSS`` of ``/proc/<pid>/status``, Linux), MiB;
+    None when the process is gone or the field is absent."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 # -- the load (a separate process, so it does not delay this process's timing) -------------
@@ -214,12 +238,24 @@ class BenchResult:
     raw_json_rate: float | None = None
     raw_messages: int = 0
     profile: str | None = None
+    #: service -> largest resident set size seen during the run, MiB (sampled every second).
+    rss_mib: dict[str, float] = field(default_factory=dict)
+    #: service (and "load") -> (time, CPU s used so far), sampled every second.
+    cpu: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
 
-def _service_env(base: dict[str, str], name: str, group: str, workdir: Path, scenario: Path) -> dict[str, str]:
+def _service_env(
+    base: dict[str, str], name: str, group: str, workdir: Path, scenario: Path, lanes: bool = False
+) -> dict[str, str]:
+    """``lanes``: the correlator runs as a samples worker and an events worker."""
     env = {**base, "GPUWARDEN_CONSUMER_GROUP": group}
-    if name == "correlator":
-        env["GPUWARDEN_CORRELATOR_DATADIR"] = str(workdir / "correlator")
+    if name in ("correlator", "correlator-events"):
+        env["GPUWARDEN_CORRELATOR_DATADIR"] = str(workdir / name)
+    if name == "correlator-events":
+        # the events lane: same group name, its app id (and Kafka group) is "<group>-events"
+        env["GPUWARDEN_CORRELATOR_LANE"] = "events"
+    elif name == "correlator" and lanes:
+        env["GPUWARDEN_CORRELATOR_LANE"] = "samples"
     if name == "remediator":
         env.update(
             {
@@ -260,10 +296,13 @@ class _Bench:
         tag = uuid.uuid4().hex[:6]
         self.prefix = f"benchpipe{tag}."
         self.groups = {s: f"benchpipe-{tag}-{s}" for s in res.services}
+        if "correlator-events" in self.groups:
+            self.groups["correlator-events"] = self.groups["correlator"]  # its lane appends "-events"
         self.cluster = Cluster(nodes=res.nodes, gpus_per_node=res.gpus)
         self.node_names = self.cluster.node_names()
         self.procs: list[ServiceProc] = []
         self.stop_monitor = asyncio.Event()
+        self.load_pid: int | None = None
 
     def t(self, short: str) -> str:
         return f"{self.prefix}{short}"
@@ -295,6 +334,7 @@ class _Bench:
         scenario = self._scenario()
         modules = {
             "correlator": "gpuwarden.correlator",
+            "correlator-events": "gpuwarden.correlator",
             "detector": "gpuwarden.detector",
             "otlp-bridge": "gpuwarden.otlp_bridge",
             "remediator": "gpuwarden.remediator",
@@ -303,7 +343,8 @@ class _Bench:
             argv = ["-m", modules[name]]
             if name == "correlator" and self.profile:
                 argv = ["-m", "cProfile", "-o", str(self.workdir / "correlator.prof"), "-m", modules[name]]
-            env = _service_env(base, name, self.groups[name], self.workdir, scenario)
+            lanes = "correlator-events" in self.res.services
+            env = _service_env(base, name, self.groups[name], self.workdir, scenario, lanes)
             self.procs.append(_spawn(name, argv, env, self.workdir / "logs" / f"{name}.log"))
         await wait_healthy(self.procs, 180)
 
@@ -348,6 +389,16 @@ class _Bench:
                 parts[short] = [TopicPartition(self.t(short), p) for p in sorted(ps)]
             while not self.stop_monitor.is_set():
                 now = time.time()
+                for sp in self.procs:
+                    mib = rss_mib(sp.proc.pid) if sp.proc is not None else None
+                    if mib is not None:
+                        self.res.rss_mib[sp.name] = max(mib, self.res.rss_mib.get(sp.name, 0.0))
+                    cpu = cpu_seconds(sp.proc.pid) if sp.proc is not None else None
+                    if cpu is not None:
+                        self.res.cpu.setdefault(sp.name, []).append((now, cpu))
+                cpu = cpu_seconds(self.load_pid) if self.load_pid else None
+                if cpu is not None:
+                    self.res.cpu.setdefault("load", []).append((now, cpu))
                 end_by_topic = {}
                 for short, tps in parts.items():
                     eo = await ends.end_offsets(tps)
@@ -496,6 +547,7 @@ async def _run(
             daemon=True,
         )
         load.start()
+        b.load_pid = load.pid
         echo(
             f"load: {res.nodes} nodes x {res.gpus} GPUs at {res.hz} Hz; warm-up {warmup:.0f} s, measure {seconds:.0f} s"
         )
@@ -586,6 +638,13 @@ def report(res: BenchResult) -> list[str]:
     )
     r1, r2 = ratio(pipe, raw), ratio(pipe, rawj)
     lines.append(f"ratio pipeline/raw: {_fmt(r1, '', '.3f')} (bytes), {_fmt(r2, '', '.3f')} (orjson)")
+    if res.cpu:
+        cores = {k: rate(v, t0, t1) for k, v in res.cpu.items()}
+        used = ", ".join(f"{k} {v:.2f}" for k, v in cores.items() if v is not None)
+        lines.append(f"cpu (cores used during the measured window, of {os.cpu_count()}): {used}")
+    if res.rss_mib:
+        mem = ", ".join(f"{k} {v:,.0f} MiB" for k, v in res.rss_mib.items())
+        lines.append(f"memory (largest RSS during the run, {res.nodes:,} nodes): {mem}")
     return lines
 
 
@@ -604,6 +663,13 @@ def pipeline(
         str | None, typer.Option(help="Existing Kafka; default $GPUWARDEN_BOOTSTRAP_SERVERS, else deploy/kafka.sh")
     ] = None,
     bridge: Annotated[bool, typer.Option(help="Run the otlp-bridge in the path too")] = True,
+    events_lane: Annotated[
+        bool,
+        typer.Option(
+            help="Correlator as a samples worker and an events worker (own consumer group, XIDs never "
+            "wait behind samples); --no-events-lane: one worker for everything"
+        ),
+    ] = True,
     profile: Annotated[bool, typer.Option(help="Run the correlator under cProfile and print the top")] = False,
     keep: Annotated[bool, typer.Option(help="Keep the work dir (logs, profile)")] = False,
 ) -> None:
@@ -611,7 +677,13 @@ def pipeline(
     XID -> failure and XID -> drain-decision latency under that load, and a raw aiokafka consume
     of the same topic in the same run (DESIGN section 9)."""
     workdir = Path(tempfile.mkdtemp(prefix="gpuwarden-bench-pipeline-"))
-    services = ["correlator", "detector", *(["otlp-bridge"] if bridge else []), "remediator"]
+    services = [
+        "correlator",
+        *(["correlator-events"] if events_lane else []),
+        "detector",
+        *(["otlp-bridge"] if bridge else []),
+        "remediator",
+    ]
     res = BenchResult(nodes=nodes, gpus=gpus, hz=hz, services=services)
     kafka: ApacheKafka | None = None
     tansu: TansuBroker | None = None

@@ -20,6 +20,7 @@ from rich.table import Table
 from gpuwarden.shared.models import Failure
 from gpuwarden.shared.scenario import load_scenario
 
+from .console_mode import hold_until_interrupt, start_console
 from .runner import Pipeline
 
 console = Console(emoji=False, highlight=False)
@@ -38,8 +39,8 @@ def _view(p: Pipeline) -> Group:
         t.add_row(sp.name, str(sp.proc.pid if sp.proc else "-"), state, str(sp.ready_s or "-"))
     c = r.counts
     flow = Table.grid(padding=(0, 2))
-    if p.phase == "running" and r.sim_start:
-        p.sim_t = min(p.scenario.duration_s, max(0.0, (time.time() - r.sim_start) * p.speed))
+    if p.phase == "running" and r.wall_start:
+        p.sim_t = min(p.scenario.duration_s, max(0.0, (time.time() - r.wall_start) * p.speed))
     sim_t = p.sim_t
     flow.add_row("phase", p.phase)
     flow.add_row("elapsed", f"{time.time() - r.started_wall:5.1f} s wall, scenario t={sim_t:5.1f} s")
@@ -80,13 +81,24 @@ def _failure_panel(f: Failure, sim_start: float) -> Panel:
 
 
 async def _run(
-    p: Pipeline, report: Path | None, until_found: bool, live: bool, max_wall_s: float, keep_logs: bool = False
+    p: Pipeline,
+    report: Path | None,
+    until_found: bool,
+    live: bool,
+    max_wall_s: float,
+    keep_logs: bool = False,
+    console_ui: bool = False,
 ) -> int:
     rc = 1
+    ui = None
     with Live(_view(p), console=console, refresh_per_second=4, transient=False, auto_refresh=live) as lv:
         try:
             await p.start(on_phase=lambda _: lv.update(_view(p)))
-            end_scenario = p.result.sim_start + p.scenario.duration_s / p.speed
+            if console_ui:
+                ui = await start_console(p)
+                console.print(f"console: http://127.0.0.1:{ui.http.port}/ (up until Ctrl-C)")
+            # Virtual time: the run ends when the sources published their last tick and the
+            # pipeline drained (Pipeline.finished); max_wall_s only guards against a hang.
             deadline = time.time() + max_wall_s
             while True:
                 await p.poll()
@@ -101,12 +113,21 @@ async def _run(
                     await p.poll()
                     p.phase = "done"
                     break
-                if time.time() > end_scenario + 5 or time.time() > deadline:
+                if await p.finished():
                     p.phase = "scenario finished"
                     break
+                if time.time() > deadline:
+                    p.phase = f"[red]not finished after {max_wall_s:.0f} s of wall time[/]"
+                    console.print(f"[red]not finished after {max_wall_s:.0f} s: lag {p.drain_lags()}[/]")
+                    break
             lv.update(_view(p))
+            if ui is not None:
+                p.phase = f"console on http://127.0.0.1:{ui.http.port}/ - Ctrl-C stops"
+                await hold_until_interrupt(p, lambda: lv.update(_view(p)))
         finally:
             p.phase = "stopping services"
+            if ui is not None:
+                await ui.stop()
             await p.stop()
             lv.update(_view(p))
     rep = p.result.report()
@@ -152,6 +173,7 @@ def _go(
     enforce: bool,
     live: bool,
     keep_logs: bool = False,
+    console_ui: bool = False,
 ) -> None:
     try:
         sc = load_scenario(scenario)
@@ -160,7 +182,7 @@ def _go(
         raise typer.Exit(2) from exc
     p = Pipeline(Path(scenario), sc, speed=speed, bootstrap_servers=bootstrap, enforce=enforce)
     try:
-        rc = asyncio.run(_run(p, report, until_found, live, max_wall_s, keep_logs))
+        rc = asyncio.run(_run(p, report, until_found, live, max_wall_s, keep_logs, console_ui))
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: services stopped[/]")
         raise typer.Exit(130) from None
@@ -186,6 +208,9 @@ def demo(
     bootstrap_servers: Bootstrap = None,
     live: Annotated[bool, typer.Option(help="Refresh the live view (off: print it on change only)")] = True,
     keep_logs: Annotated[bool, typer.Option(help="Keep the service logs even when the run passes")] = False,
+    console_ui: Annotated[
+        bool, typer.Option("--console", help="Serve the web console and keep everything up until Ctrl-C")
+    ] = False,
 ) -> None:
     """Simulated 8-node H100 fleet, one training job, XID 79 on one GPU: find it, attribute it, drain the node."""
     with DEMO_SCENARIO.open("rb"):  # fail early if the package data is missing
@@ -200,6 +225,7 @@ def demo(
         enforce=True,
         live=live,
         keep_logs=keep_logs,
+        console_ui=console_ui,
     )
 
 

@@ -8,8 +8,10 @@ message's outputs are handled before the next input), i.e. a pipeline without co
 lag. Deterministic and fast: the scored scenario suite and ``gpuwarden bench detect`` use
 it; ``gpuwarden simulate`` runs the real services on a broker.
 
-Health-check faults (``health-check-fail``) become a failing ``HealthCheckResult`` at the
-fault's time, as the node's prolog would publish it: a tool's output, not a verdict.
+At a ``health-check-fail`` fault's time the real health checks run on that node's simulated
+inputs (:func:`~gpuwarden.health_check.sim.simulated_health_check`: fake NVML, kernel log and
+``dcgmi``, the fault failing the node's DCGM diag) and their ``HealthCheckResult`` s go to
+``health``, as the node's prolog / periodic check would publish them.
 """
 
 from __future__ import annotations
@@ -27,13 +29,15 @@ from pydantic import BaseModel
 from gpuwarden.collector.sim import SimulatedSource
 from gpuwarden.correlator.core import Correlator, MemoryAllocationStore
 from gpuwarden.detector import Detector, load_catalog
+from gpuwarden.detector.jobreport import JobReporter
+from gpuwarden.health_check.sim import simulated_health_check
 from gpuwarden.shared.bus import MemoryPublisher, decode
-from gpuwarden.shared.models import Failure, HealthCheckResult, dumps
+from gpuwarden.shared.models import Failure, dumps
 from gpuwarden.shared.scenario import Scenario, ScenarioClock
 from gpuwarden.shared.slurm.simulated import SimulatedSlurm
 from gpuwarden.slurm_watcher.service import SlurmWatcher, SlurmWatcherSettings
 
-from .runner import failure_row, score
+from .runner import failure_row, job_report_rows, score
 
 __all__ = ["InProcessResult", "SteppedClock", "run_inprocess"]
 
@@ -58,6 +62,7 @@ class InProcessResult:
     failures: dict[str, Failure] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     cpu_s: float = 0.0
+    job_reports: JobReporter | None = None
 
     def report(self) -> dict[str, Any]:
         fails = sorted(self.failures.values(), key=lambda f: (f.first_seen, f.node, f.gpu_index or -1))
@@ -65,6 +70,7 @@ class InProcessResult:
             "scenario": self.scenario.name,
             "runner": "in-process",
             "failures": [failure_row(f, self.sim_start) for f in fails],
+            "job_reports": job_report_rows(self.job_reports),
             "remediations": [],
             "score": score(self.scenario, fails, self.sim_start),
             "stats": {**self.counts, "cpu_s": round(self.cpu_s, 3)},
@@ -95,7 +101,12 @@ class _Router:
         handler = handlers.get(topic)
         if handler is None:
             return
-        for f in handler(decode(topic, value)):
+        msg = decode(topic, value)
+        if self.result.job_reports is not None:
+            self.result.job_reports.observe(msg)
+        for f in handler(msg):
+            if self.result.job_reports is not None:
+                self.result.job_reports.observe(f)
             self.result.failures[f.failure_id] = f
             self.result.counts["failures"] = self.result.counts.get("failures", 0) + 1
 
@@ -119,6 +130,7 @@ async def _run(scenario: Scenario, poll_s: float, price: float | None) -> InProc
     clock = SteppedClock(START)
     result = InProcessResult(scenario, START)
     detector = Detector(load_catalog(), price if price is not None else scenario.cluster.price_usd_per_gpu_hour)
+    result.job_reports = JobReporter(detector.price)
     correlator = Correlator(MemoryAllocationStore(), lambda s: s)
     router = _Router(correlator, detector, result)
     source = SimulatedSource(scenario, clock, collector_id="inprocess")
@@ -144,20 +156,7 @@ async def _run(scenario: Scenario, poll_s: float, price: float | None) -> InProc
                 next_poll = t + poll_s
             while health_faults and health_faults[0].at_s <= t:
                 f = health_faults.pop(0)
-                router.publish(
-                    "health",
-                    dumps(
-                        HealthCheckResult(
-                            node=f.node,
-                            ts=clock.event_ts(f.at_s),
-                            phase="prolog",
-                            check="simulated",
-                            passed=False,
-                            gpu_index=f.gpu,
-                            detail="CRITICAL: simulated health check failure",
-                        )
-                    ),
-                )
+                router.publish_models("health", await simulated_health_check(scenario, clock, f.node, f.at_s))
             router.publish_models("gpu.samples", source.collect_sync())
             router.publish_models("gpu.events", await source.events())
             t = round(t + scenario.tick_s, 6)

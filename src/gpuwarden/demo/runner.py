@@ -28,16 +28,23 @@ import orjson
 from aiokafka import AIOKafkaConsumer
 from pydantic import ValidationError
 
+from gpuwarden.detector.jobreport import JobReporter
+from gpuwarden.health_check.sim import simulated_health_check
 from gpuwarden.shared.brokers import TansuBroker, die_with_parent, free_port
+from gpuwarden.shared.bus import Producer, decode
 from gpuwarden.shared.models import Failure, Remediation
-from gpuwarden.shared.scenario import Scenario
+from gpuwarden.shared.scenario import Scenario, ScenarioClock
+from gpuwarden.shared.settings import BusSettings
 from gpuwarden.shared.topics import create_topics
+
+from .virtual import Drain, reader_at_end, source_finished
 
 __all__ = [
     "SERVICES",
     "Pipeline",
     "RunResult",
     "ServiceProc",
+    "job_report_rows",
     "score",
     "spawn_service",
     "stop_services",
@@ -53,6 +60,9 @@ CONSUMERS = [
 ]
 SOURCES = [("slurm-watcher", "gpuwarden.slurm_watcher"), ("collector", "gpuwarden.collector")]
 SERVICES = [n for n, _ in CONSUMERS + SOURCES]
+#: Event time (epoch s) of scenario second 0 in every run, whatever its wall time or speed (the
+#: in-process runner's too), so a scenario gives the same event times and failure ids each run.
+EVENT_ORIGIN = 1_700_000_000.0
 
 
 @dataclass
@@ -88,6 +98,8 @@ class RunResult:
 
     scenario: Scenario
     sim_start: float = 0.0
+    #: Wall time (epoch s) of scenario second 0; ``sim_start`` is its event time (EVENT_ORIGIN).
+    wall_start: float = 0.0
     started_wall: float = field(default_factory=time.time)
     failures: dict[str, Failure] = field(default_factory=dict)
     failure_seen_wall: dict[str, float] = field(default_factory=dict)
@@ -95,6 +107,17 @@ class RunResult:
     counts: dict[str, int] = field(default_factory=dict)
     deadletters: list[dict[str, Any]] = field(default_factory=list)
     ready_s: dict[str, float] = field(default_factory=dict)
+    job_reports: JobReporter | None = None
+
+    def observe(self, short: str, value: bytes | None) -> None:
+        """Feed ``slurm.jobs``, ``job.windows`` and ``failures`` messages to the job verdicts."""
+        if short in ("slurm.jobs", "job.windows", "failures") and value is not None:
+            if self.job_reports is None:
+                self.job_reports = JobReporter(self.scenario.cluster.price_usd_per_gpu_hour)
+            try:
+                self.job_reports.observe(decode(short, value))
+            except (ValueError, ValidationError):
+                pass  # counted as unreadable by the caller's own decoding
 
     def report(self) -> dict[str, Any]:
         """The DESIGN section 6 report (``first_seen_s`` = seconds since scenario start)."""
@@ -103,6 +126,7 @@ class RunResult:
         return {
             "scenario": self.scenario.name,
             "failures": [failure_row(f, self.sim_start) for f in fails],
+            "job_reports": job_report_rows(self.job_reports),
             "remediations": [
                 {
                     "node": r.node,
@@ -127,6 +151,11 @@ class RunResult:
         }
 
 
+def job_report_rows(reporter: JobReporter | None) -> list[dict[str, Any]]:
+    """The ``job_reports`` of a run report: every job's verdict (JobReport as JSON)."""
+    return [r.model_dump(mode="json") for r in reporter.reports()] if reporter is not None else []
+
+
 def failure_row(f: Failure, sim_start: float) -> dict[str, Any]:
     """One failure as the DESIGN section 6 report lists it (``first_seen_s`` since scenario start)."""
     return {
@@ -136,12 +165,14 @@ def failure_row(f: Failure, sim_start: float) -> dict[str, Any]:
         "gpu_index": f.gpu_index,
         "job_id": f.job_id,
         "first_seen_s": round(f.first_seen - sim_start, 3),
+        "category": f.category.value,
         "severity": f.severity.value,
         "recommended_action": f.recommended_action.value,
         "state": f.state.value,
         "evidence": [e.model_dump(mode="json") for e in f.evidence],
         "failure_id": f.failure_id,
         "verdict": f.verdict,
+        "cannot_determine": list(f.cannot_determine),
         "cost": f.cost.model_dump(mode="json"),
     }
 
@@ -155,41 +186,44 @@ def _drain_reason(r: Remediation) -> str:
 
 
 def score(scenario: Scenario, failures: list[Failure], sim_start: float) -> dict[str, Any]:
-    """Match failures against ``expect``/``allow`` (DESIGN section 6).
+    """Match failures against ``expect``/``allow`` (the scenario format's scoring rules).
 
     An expectation is found by the earliest failure of its pattern (and node, gpu, job when
     given) whose ``first_seen`` lies within ``within_s`` of the fault's ``at_s`` (or the job's
-    ``start_s``). Failures matching no expectation and not in ``allow`` are false positives;
-    repeats of a found failure count neither way.
+    ``start_s``). Every other failure is a false positive unless it, too, matches an expectation
+    (same pattern, node, GPU and job, inside the same window) or ``allow`` lets its pattern
+    appear on its node: a failure on another GPU, another node or outside the window is a
+    false positive, never a "repeat".
     """
-    found, missed, used = [], [], set()
+    found, missed, covered = [], [], set()
     for exp in scenario.expect:
         origin = _origin(scenario, exp)
         hit = None
         for f in failures:
-            if f.pattern != exp.pattern or (exp.node and f.node != exp.node):
-                continue
-            if exp.gpu is not None and f.gpu_index != exp.gpu:
-                continue
-            if exp.job is not None and f.job_id != str(exp.job):
+            if not _matches(exp, f):
                 continue
             delay = f.first_seen - sim_start - origin
             if -1.0 <= delay <= exp.within_s:
-                hit = (f, delay)
-                break
+                covered.add(f.failure_id)
+                if hit is None:
+                    hit = (f, delay)
         row = exp.model_dump(exclude_none=True)
         if "job" in row:
             row["job"] = str(row["job"])  # job ids are strings on the bus
         if hit:
-            used.add((hit[0].pattern, hit[0].node, hit[0].gpu_index))
             found.append({**row, "delay_s": round(hit[1], 3), "failure_id": hit[0].failure_id})
         else:
             missed.append(row)
-    found_keys = {(k[0], k[1]) for k in used}
     fps = [
-        {"pattern": f.pattern, "node": f.node, "gpu_index": f.gpu_index, "failure_id": f.failure_id}
+        {
+            "pattern": f.pattern,
+            "node": f.node,
+            "gpu_index": f.gpu_index,
+            "first_seen_s": round(f.first_seen - sim_start, 3),
+            "failure_id": f.failure_id,
+        }
         for f in failures
-        if f.pattern not in scenario.allow and (f.pattern, f.node) not in found_keys
+        if f.failure_id not in covered and not scenario.allowed(f.pattern, f.node)
     ]
     return {
         "expected": len(scenario.expect),
@@ -198,6 +232,14 @@ def score(scenario: Scenario, failures: list[Failure], sim_start: float) -> dict
         "false_positives": fps,
         "passed": not missed and not fps,
     }
+
+
+def _matches(exp: Any, f: Failure) -> bool:
+    if f.pattern != exp.pattern or (exp.node and f.node != exp.node):
+        return False
+    if exp.gpu is not None and f.gpu_index != exp.gpu:
+        return False
+    return exp.job is None or f.job_id == str(exp.job)
 
 
 def _origin(scenario: Scenario, exp: Any) -> float:
@@ -254,8 +296,13 @@ class Pipeline:
         self.procs: list[ServiceProc] = []
         self.result = RunResult(scenario)
         self._reader: AIOKafkaConsumer | None = None
+        hc = [f for f in scenario.faults if f.kind == "health-check-fail"]
+        self._health_faults = sorted(hc, key=lambda f: f.at_s)
+        self._health_producer: Producer | None = None
         self.phase = "starting"
         self.sim_t = 0.0
+        self._drain: Drain | None = None
+        self._drain_next = 0.0
 
     # -- environment --------------------------------------------------------------------
     def _env(self, name: str, port: int) -> dict[str, str]:
@@ -268,6 +315,7 @@ class Pipeline:
             "GPUWARDEN_LOG_LEVEL": self.log_level,
             "GPUWARDEN_SIM_SPEED": str(self.speed),
             "GPUWARDEN_SIM_START": str(self.result.sim_start),
+            "GPUWARDEN_SIM_WALL_START": str(self.result.wall_start),
             "PYTHONUNBUFFERED": "1",
         }
         per = {
@@ -322,11 +370,13 @@ class Pipeline:
         await create_topics(self.bootstrap, self.prefix, partitions=self.partitions)
         await self._start_reader()
         phase("starting correlator, detector, otlp-bridge, remediator")
-        self.result.sim_start = time.time() + 3600  # placeholder; the sources get the real start below
+        # Event time is fixed (the same failure ids at every speed); wall time is this run's.
+        self.result.sim_start = EVENT_ORIGIN
+        self.result.wall_start = time.time() + 3600  # placeholder; the sources get the real start below
         for name, module in CONSUMERS:
             self._spawn(name, module)
         await self._wait_healthy(self.procs, t0)
-        self.result.sim_start = time.time() + 0.5
+        self.result.wall_start = time.time() + 0.5
         phase("starting slurm-watcher and collector (scenario clock running)")
         started = [self._spawn(n, m) for n, m in SOURCES]
         await self._wait_healthy(started, t0)
@@ -348,6 +398,7 @@ class Pipeline:
             "gpu.events.attributed",
             "slurm.jobs",
             "slurm.nodes",
+            "job.windows",
         ]
         self._topics = {f"{self.prefix}{n}": n for n in names}
         self._reader = AIOKafkaConsumer(
@@ -359,14 +410,35 @@ class Pipeline:
         )
         await self._reader.start()
 
+    async def run_health_checks(self) -> None:
+        """At each ``health-check-fail`` fault's scenario time, run the real health checks on that
+        node's simulated inputs (as its prolog / periodic check would) and publish the results to
+        ``health`` through a normal producer."""
+        if self.phase != "running":
+            return
+        now_s = (time.time() - self.result.wall_start) * self.speed
+        while self._health_faults and self._health_faults[0].at_s <= now_s:
+            f = self._health_faults.pop(0)
+            if self._health_producer is None:
+                bus = BusSettings(bootstrap_servers=self.bootstrap, topic_prefix=self.prefix)
+                self._health_producer = Producer(bus)
+                await self._health_producer.start()
+            clock = ScenarioClock(self.result.sim_start, self.speed, self.result.wall_start)
+            for r in await simulated_health_check(self.scenario, clock, f.node, f.at_s):
+                await self._health_producer.publish("health", r.node, r)
+            await self._health_producer.flush()
+
     async def poll(self) -> None:
-        """Read what the pipeline produced since the last call into ``self.result``."""
+        """Read what the pipeline produced since the last call into ``self.result`` (and run the
+        health checks that are due: :meth:`run_health_checks`)."""
         assert self._reader is not None
+        await self.run_health_checks()
         batches = await self._reader.getmany(timeout_ms=100, max_records=5000)
         for tp, recs in batches.items():
             short = self._topics.get(tp.topic, tp.topic)
             self.result.counts[short] = self.result.counts.get(short, 0) + len(recs)
             for r in recs:
+                self.result.observe(short, r.value)
                 try:
                     if short == "failures":
                         f = Failure.model_validate_json(r.value)
@@ -395,12 +467,47 @@ class Pipeline:
         ]
         return all(fid in decided for fid in needs)
 
+    async def finished(self) -> bool:
+        """The run is over, in virtual time (:mod:`.virtual`): the collector published the
+        scenario's last tick, every consumer group of the pipeline committed everything (health
+        checks due included) and the reader has read all ``failures`` and ``remediations``.
+        Checked at most once a second; never a wall-clock deadline."""
+        now = time.monotonic()
+        if now < self._drain_next or self.phase != "running" or self.bootstrap is None:
+            return False
+        self._drain_next = now + 1.0
+        collector = next((sp for sp in self.procs if sp.name == "collector"), None)
+        if collector is None or not await asyncio.to_thread(source_finished, collector.port):
+            return False
+        if any(f.at_s <= self.scenario.duration_s for f in self._health_faults):
+            return False  # still due: run_health_checks publishes them on the next poll
+        if self._drain is None:
+            self._drain = Drain(self.bootstrap, self.prefix)
+            await self._drain.start()
+        if not await self._drain.done():
+            return False
+        assert self._reader is not None
+        return await reader_at_end(self._reader, [f"{self.prefix}failures", f"{self.prefix}remediations"])
+
+    def drain_lags(self) -> dict[str, int]:
+        """Consumer group -> uncommitted messages, as last seen by :meth:`finished` (empty
+        before the collector finished)."""
+        return dict(self._drain.last) if self._drain is not None else {}
+
     async def stop(self) -> None:
         """SIGTERM every service (sources first), wait, SIGKILL stragglers, stop the broker."""
+        if self._drain is not None:
+            with contextlib.suppress(Exception):
+                await self._drain.stop()
+            self._drain = None
         if self._reader is not None:
             with contextlib.suppress(Exception):
                 await self._reader.stop()
             self._reader = None
+        if self._health_producer is not None:
+            with contextlib.suppress(Exception):
+                await self._health_producer.stop()
+            self._health_producer = None
         await stop_services(list(reversed(self.procs)))
         if self.broker is not None:
             await asyncio.to_thread(self.broker.stop)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .settings import BusSettings
@@ -47,7 +49,9 @@ def topics_create(
         str | None, typer.Option(help="Topic prefix (default GPUWARDEN_TOPIC_PREFIX or gpuwarden.)")
     ] = None,
     partitions: Annotated[int | None, typer.Option(min=1, help="Override partitions of every topic")] = None,
-    replication_factor: Annotated[int, typer.Option(min=1)] = 1,
+    replication_factor: Annotated[
+        int | None, typer.Option(min=1, help="Replicas per partition (default: 3 on >= 3 brokers, else 1)")
+    ] = None,
 ) -> None:
     """Create every gpuwarden topic that does not exist yet (explicitly, with configs)."""
     from aiokafka.errors import KafkaError
@@ -57,8 +61,10 @@ def topics_create(
     s = BusSettings()
     bs = bootstrap_servers or s.bootstrap_servers
     try:
-        res = asyncio.run(create_topics(bs, prefix or s.topic_prefix, partitions, replication_factor))
-    except (KafkaError, OSError, RuntimeError) as exc:
+        res = asyncio.run(
+            create_topics(bs, prefix or s.topic_prefix, partitions, replication_factor, client_kwargs=s.kafka_kwargs())
+        )
+    except (KafkaError, OSError, RuntimeError, ValueError) as exc:
         console.print(f"[red]error:[/] cannot create topics on {bs}: {exc}")
         raise typer.Exit(2) from exc
     t = Table("topic", "result")
@@ -118,7 +124,8 @@ def broker(port: Annotated[int | None, typer.Option(help="Port (default: a free 
 
 
 parse_app = typer.Typer(
-    help="Parse a recorded tool output file and print JSON (the parsers gpuwarden itself uses).",
+    help="Parse a recorded tool output file and print JSON (the parsers gpuwarden itself uses). "
+    "Each kind below names the tool and the versions it reads.",
     no_args_is_help=True,
 )
 app.add_typer(parse_app, name="parse")
@@ -164,9 +171,23 @@ def _parse_command(name: str, ep_value: object) -> None:
         if getattr(result, "error", None) is True or (isinstance(result, dict) and result.get("error") is True):
             raise typer.Exit(1)  # a typed error result (the tool reported a failure): JSON above, exit 1
 
-    doc = getattr(ep_value, "value", name)
-    run.__doc__ = f"Parse {name} output ({doc})."
-    parse_app.command(name)(run)
+    target = getattr(ep_value, "value", name)
+    summary = _parser_summary(ep_value)
+    run.__doc__ = f"{summary} [{target}]" if summary else f"Parse {name} output ({target})."
+    parse_app.command(name, short_help=summary or None)(run)
+
+
+def _parser_summary(ep_value: object) -> str:
+    """First paragraph of a parser's docstring, one line: the tool and the versions it reads."""
+    try:
+        fn = ep_value.load()  # type: ignore[attr-defined]
+    except Exception as exc:  # a broken plugin must not break `gpuwarden --help`
+        logging.getLogger(__name__).warning("cannot load parser %s: %s", getattr(ep_value, "name", "?"), exc)
+        return ""
+    doc = " ".join((getattr(fn, "__doc__", None) or "").strip().split("\n\n", 1)[0].split())
+    doc = re.sub(r":\w+:`~?([^`]+)`", r"\1", doc).replace("``", "")  # reST roles/literals -> text
+    first = re.split(r"(?<=[.)])\s+(?=[A-Z])", doc, maxsplit=1)[0]
+    return escape(first if len(first) <= 200 else first[:197] + "...")
 
 
 def service_app(help: str, run_help: str, factory: Callable[[], Any]) -> typer.Typer:

@@ -19,7 +19,7 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "PATTERNS",
@@ -27,6 +27,7 @@ __all__ = [
     "Action",
     "AttributedEvent",
     "AttributedSample",
+    "BreakdownItem",
     "Category",
     "CostEstimate",
     "DeadLetter",
@@ -38,6 +39,7 @@ __all__ = [
     "GpuEvent",
     "GpuSample",
     "HealthCheckResult",
+    "JobReport",
     "JobState",
     "JobWindow",
     "Model",
@@ -45,7 +47,11 @@ __all__ = [
     "NodeState",
     "Remediation",
     "RemediationDecision",
+    "ReportFinding",
+    "ReportGpu",
     "Severity",
+    "Side",
+    "WasteCategory",
     "dumps",
     "stable_id",
 ]
@@ -109,7 +115,12 @@ class GpuSample(Model):
     memory_total_mib: float | None = Field(None, ge=0, description="Framebuffer memory total, MiB")
     temperature_c: float | None = Field(None, description="GPU core temperature, C")
     memory_temperature_c: float | None = Field(None, description="HBM temperature, C")
-    power_w: float | None = Field(None, ge=0, description="Power draw, W")
+    power_w: float | None = Field(
+        None, ge=0, description="Power draw, W (averaged over the last second where the source splits it)"
+    )
+    power_instant_w: float | None = Field(
+        None, ge=0, description="Instantaneous power draw, W (nvidia-smi XML DTD v13 instant_power_draw)"
+    )
     power_limit_w: float | None = Field(None, ge=0, description="Enforced power limit, W")
     sm_clock_mhz: float | None = Field(None, ge=0, description="SM clock, MHz")
     memory_clock_mhz: float | None = Field(None, ge=0, description="Memory clock, MHz")
@@ -157,7 +168,9 @@ class GpuSample(Model):
         "recovery_errors (counts; a counter the GPU does not report is absent)",
     )
     processes: list[dict[str, Any]] | None = Field(
-        None, description="Compute processes: pid (int), used_memory_mib (float or absent)"
+        None,
+        description="GPU processes: pid (int), used_memory_mib (float or absent); from nvidia-smi also type "
+        "(C compute, G graphics, C+G, M MPS, as printed) and process_name; NVML lists compute processes only",
     )
     mig_mode: bool | None = Field(None, description="MIG mode currently enabled")
     mig_instances: int | None = Field(None, ge=0, description="MIG GPU instances present")
@@ -210,6 +223,14 @@ class GpuEvent(Model):
         None, description="True for a Fatal, False for a Non-fatal/Nonfatal token; None if absent"
     )
     caused_by_xid: int | None = Field(None, description="The XID a secondary XID names as its cause, if printed")
+    severity: Severity | None = Field(
+        None, description="Severity of the code in the XID catalog (the detector's xids.csv); None if not looked up"
+    )
+    nvswitch_index: int | None = Field(None, ge=0, description="N of the nvidia-nvswitchN device that printed an SXID")
+    sub_code: int | None = Field(
+        None, ge=0, description="NVLink XID 144-150: sub-code, bits 20-25 of the first register word (intrinfo)"
+    )
+    link: int | None = Field(None, ge=0, description="NVLink/NVSwitch link number printed with the event")
 
 
 class JobState(Model):
@@ -252,6 +273,11 @@ class NodeState(Model):
     gres: str | None = Field(None, description="Configured GRES, e.g. gpu:8")
     gres_used: str | None = Field(None, description="GRES in use, e.g. gpu:4(IDX:0-3)")
     partitions: list[str] = Field(default_factory=list)
+    cpus: int | None = Field(None, ge=0, description="Configured CPUs of the node (CPUTot / cpus), count")
+    alloc_cpus: int | None = Field(None, ge=0, description="CPUs allocated to jobs (CPUAlloc / alloc_cpus), count")
+    gpus_used_idx: list[int] | None = Field(
+        None, description="GPU indices in use, from the IDX list of gres_used (gpu:h100:4(IDX:0-1,4,6) -> 0,1,4,6)"
+    )
     snapshot: bool = False
 
     @property
@@ -411,6 +437,10 @@ class RemediationDecision(StrEnum):
     SKIPPED = "skipped"
     REFUSED = "refused"
     FAILED = "failed"
+    #: written to ``remediations`` (and confirmed by the broker) before a drain command runs;
+    #: the outcome that follows carries the same ``intent_id``. An intent without an outcome
+    #: (the remediator died in between) is reconciled against Slurm at the next start.
+    INTENT = "intent"
 
 
 class Remediation(Model):
@@ -429,6 +459,9 @@ class Remediation(Model):
     failure_ids: list[str] = Field(default_factory=list)
     exit_code: int | None = None
     output: str | None = Field(None, description="stdout+stderr of the command, truncated")
+    intent_id: str | None = Field(
+        None, description="Links an intent and its outcome: the remediation_id of the intent (decision 'intent')"
+    )
 
 
 class HealthCheckResult(Model):
@@ -455,6 +488,141 @@ class DeadLetter(Model):
     partition: int
     offset: int
     key: str | None = None
-    value_b64: str = Field(description="The original value bytes, base64")
+    value_b64: str = Field(description="The original value bytes, base64 (only a prefix when truncated)")
     error: str = Field(description="Why it was rejected")
+    value_size: int | None = Field(None, ge=0, description="Size of the original value, bytes")
+    truncated: bool = Field(
+        False, description="True: the value was too large to carry; value_b64 is its first bytes only (by reference)"
+    )
     ts: float = Field(description="Wall-clock time of the rejection, epoch s")
+
+
+class WasteCategory(StrEnum):
+    """Where a job's allocated GPU-time went (``JobReport.breakdown``)."""
+
+    BUSY = "busy"
+    IDLE = "idle"
+    PARTIALLY_IDLE = "partially-idle"
+    STRAGGLER_WAIT = "straggler-wait"
+    CHECKPOINT_STALL = "checkpoint-stall"
+    INPUT_WAIT = "input-wait"
+    HUNG = "hung"
+    LOST_TO_FAILURE = "lost-to-failure"
+    NO_TELEMETRY = "no-telemetry"
+
+
+Side = Literal["job", "cluster"]
+
+
+class BreakdownItem(Model):
+    """One share of a job's allocated GPU-time."""
+
+    category: WasteCategory
+    gpu_hours: float = Field(ge=0, description="GPU-hours in this category")
+    usd: float = Field(ge=0, description="gpu_hours x price per GPU-hour, USD (rounded to cents, adding up)")
+    share_pct: float = Field(ge=0, le=100, description="Share of the job's allocated GPU-hours, %")
+    side: Side | None = Field(
+        None, description="Whose it is: job (the code, the job script) or cluster (hardware, driver); None: neither"
+    )
+    failure_ids: list[str] = Field(default_factory=list, description="Findings this share is attributed to")
+
+
+class ReportGpu(Model):
+    """One GPU of a job over the report's span (from ``job.windows``)."""
+
+    node: str
+    gpu_index: int = Field(ge=0)
+    gpu_uuid: str | None = None
+    windows: int = Field(ge=0, description="Job windows seen for this GPU, count")
+    observed_s: float = Field(ge=0, description="Seconds of the allocation covered by windows, s")
+    busy_pct: float | None = Field(None, ge=0, le=100, description="Busy share of this GPU's allocated time, %")
+    utilization_gpu_pct_mean: float | None = Field(None, description="Mean GPU utilisation, %")
+    utilization_gpu_pct_min: float | None = Field(None, description="Lowest window mean, %")
+    utilization_gpu_pct_max: float | None = Field(None, description="Highest reading, %")
+    memory_used_mib_max: float | None = Field(None, description="Most memory used, MiB")
+    memory_total_mib: float | None = Field(None, description="Memory total, MiB")
+    power_w_mean: float | None = Field(None, description="Mean power draw, W")
+    power_limit_w: float | None = Field(None, description="Enforced power limit (last), W")
+    sm_clock_mhz_mean: float | None = Field(None, description="Mean SM clock, MHz")
+    temperature_c_max: float | None = Field(None, description="Hottest reading, C")
+    tensor_activity_pct_mean: float | None = Field(
+        None, description="Mean tensor pipe activity (GPM / DCGM profiling), %; None: the GPU did not report it"
+    )
+
+
+class ReportFinding(Model):
+    """A failure of the job as the report lists it: the failure's own fields plus its cost share."""
+
+    failure_id: str
+    pattern: str
+    rule_id: str
+    category: Category
+    severity: Severity
+    side: Side = Field(description="hardware/driver/infrastructure: cluster; application/efficiency: job")
+    node: str
+    gpu_index: int | None = None
+    state: FailureState
+    onset_ts: Ts = Field(description="Start of the episode: the earliest evidence, else first_seen")
+    first_seen: Ts
+    last_seen: Ts
+    verdict: str
+    evidence: list[Evidence] = Field(default_factory=list)
+    cannot_determine: list[str] = Field(default_factory=list)
+    recommended_action: Action
+    gpu_hours: float = Field(ge=0, description="GPU-hours of the breakdown attributed to this finding")
+    usd: float = Field(ge=0, description="gpu_hours x price, USD")
+
+
+class JobReport(Model):
+    """A job's verdict (``job.reports``, keyed by job id): where its GPU-hours went, why, what it cost.
+
+    Published by the detector when the job ends (``final``) or is requeued, periodically while it
+    runs, and on demand. The breakdown covers every GPU of the job from ``start_ts`` to ``end_ts``
+    (``as_of`` while it runs) and adds up to ``gpu_hours``.
+    """
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    report_id: str = Field(description="Deterministic: job + start + as_of + final")
+    job_id: str = Field(min_length=1)
+    name: str | None = None
+    user: str | None = None
+    account: str | None = None
+    partition: str | None = None
+    state: str = Field(description="Slurm state when the report was built (UNKNOWN: no slurm.jobs record seen)")
+    final: bool = Field(description="True when the job (or this run of a requeued job) has ended")
+    nodes: list[str] = Field(default_factory=list)
+    gpus: dict[str, list[int]] = Field(default_factory=dict, description="GPU indices per node")
+    gpu_count: int = Field(ge=0)
+    start_ts: Ts = Field(description="Start of the span: the job's start, else its first window")
+    end_ts: float | None = Field(None, description="End of the job (or requeue), epoch s; None while it runs")
+    as_of: Ts = Field(description="End of the span covered: end_ts, else the last window's end")
+    duration_s: float = Field(ge=0, description="as_of - start_ts, s")
+    price_usd_per_gpu_hour: float = Field(ge=0, description="Price of one GPU-hour, USD")
+    gpu_hours: float = Field(ge=0, description="Allocated: gpu_count x duration, GPU-hours")
+    usd: float = Field(ge=0, description="gpu_hours x price, USD")
+    busy_pct: float = Field(ge=0, le=100, description="Share of the GPU-hours that did work, %")
+    waste_gpu_hours: float = Field(ge=0, description="Every category but busy and no-telemetry, GPU-hours")
+    waste_usd: float = Field(ge=0, description="waste_gpu_hours at the price, USD")
+    breakdown: list[BreakdownItem] = Field(description="Every category, in a fixed order; adds up to gpu_hours")
+    utilization_gpu_pct_mean: float | None = Field(None, description="Mean over the job's windows, %")
+    tensor_activity_pct_mean: float | None = Field(
+        None, description="The MFU proxy: mean tensor pipe activity over the GPUs reporting it, %; None: none did"
+    )
+    tensor_activity_gpus: int = Field(0, ge=0, description="GPUs that reported tensor activity, count")
+    per_gpu: list[ReportGpu] = Field(default_factory=list)
+    findings: list[ReportFinding] = Field(default_factory=list)
+    side: Literal["job", "cluster", "both", "none"] = Field(description="Whose the waste is, from the findings")
+    verdict: str = Field(description="Plain words: what happened, whose it is and what it cost")
+    cannot_determine: list[str] = Field(default_factory=list, description="What the data cannot tell")
+    recommendations: list[str] = Field(default_factory=list, description="What to do")
+    summary: str = Field(description="One line (the Slurm AdminComment form), at most 250 characters")
+
+    @model_validator(mode="after")
+    def _adds_up(self) -> JobReport:
+        total = sum(b.gpu_hours for b in self.breakdown)
+        if abs(total - self.gpu_hours) > 1e-6 * max(1, len(self.breakdown)):
+            raise ValueError(f"breakdown adds up to {total} GPU-hours, not {self.gpu_hours}")
+        usd = sum(b.usd for b in self.breakdown)
+        if abs(usd - self.usd) > 0.005:
+            raise ValueError(f"breakdown adds up to {usd} USD, not {self.usd}")
+        return self

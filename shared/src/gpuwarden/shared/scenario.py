@@ -15,7 +15,16 @@ import hostlist
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-__all__ = ["Cluster", "Expectation", "Fault", "Scenario", "ScenarioClock", "ScenarioJob", "load_scenario"]
+__all__ = [
+    "Allowance",
+    "Cluster",
+    "Expectation",
+    "Fault",
+    "Scenario",
+    "ScenarioClock",
+    "ScenarioJob",
+    "load_scenario",
+]
 
 FAULT_KINDS = {
     "xid",
@@ -51,6 +60,7 @@ PROFILES = {
     "checkpoint-heavy",
     "memory-leak",
     "low-tensor",
+    "comm-bound",
 }
 
 
@@ -142,6 +152,26 @@ class Expectation(_Strict):
     within_s: float = Field(60, gt=0)
 
 
+class Allowance(_Strict):
+    """A pattern that may show up without counting as a false positive: on ``node`` only when
+    given, else anywhere (``allow: [gpu-missing]`` is short for ``[{pattern: gpu-missing}]``)."""
+
+    pattern: str
+    node: str | None = None
+
+    @field_validator("pattern")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from .models import PATTERNS
+
+        if v not in PATTERNS:
+            raise ValueError(f"unknown pattern {v!r} in allow")
+        return v
+
+    def covers(self, pattern: str, node: str) -> bool:
+        return pattern == self.pattern and self.node in (None, node)
+
+
 class Scenario(_Strict):
     name: str
     seed: int = 0
@@ -151,8 +181,17 @@ class Scenario(_Strict):
     jobs: list[ScenarioJob] = Field(default_factory=list)
     faults: list[Fault] = Field(default_factory=list)
     expect: list[Expectation] = Field(default_factory=list)
-    allow: list[str] = Field(default_factory=list)
+    allow: list[Allowance] = Field(default_factory=list)
     description: str | None = None
+
+    @field_validator("allow", mode="before")
+    @classmethod
+    def _allow(cls, v: Any) -> Any:
+        return [{"pattern": a} if isinstance(a, str) else a for a in v] if isinstance(v, list) else v
+
+    def allowed(self, pattern: str, node: str) -> bool:
+        """True when ``allow`` lets ``pattern`` appear on ``node``."""
+        return any(a.covers(pattern, node) for a in self.allow)
 
     @model_validator(mode="after")
     def _refs(self) -> Scenario:
@@ -219,25 +258,32 @@ class ScenarioClock:
     """Event time of a simulated run shared by separate processes.
 
     Scenario second ``t`` has event time ``start + t``; wall time runs ``speed`` times
-    slower than scenario time. Processes agree through ``GPUWARDEN_SIM_START`` (epoch s of
-    scenario second 0) and ``GPUWARDEN_SIM_SPEED``.
+    slower than scenario time, from ``wall_start`` (default ``start``: event time = wall time
+    at speed 1). Processes agree through ``GPUWARDEN_SIM_START`` (event time, epoch s, of
+    scenario second 0), ``GPUWARDEN_SIM_WALL_START`` (wall time, epoch s, of scenario second 0;
+    default the former) and ``GPUWARDEN_SIM_SPEED``. A fixed ``start`` with the run's own
+    ``wall_start`` gives the same event times, and so the same failure ids, at every speed.
     """
 
-    def __init__(self, start: float, speed: float = 1.0) -> None:
+    def __init__(self, start: float, speed: float = 1.0, wall_start: float | None = None) -> None:
         if speed <= 0:
             raise ValueError("speed must be > 0")
         self.start = start
         self.speed = speed
+        self.wall_start = start if wall_start is None else wall_start
 
     @classmethod
     def from_env(cls) -> ScenarioClock:
+        wall = os.environ.get("GPUWARDEN_SIM_WALL_START")
         return cls(
-            float(os.environ.get("GPUWARDEN_SIM_START", time.time())), float(os.environ.get("GPUWARDEN_SIM_SPEED", "1"))
+            float(os.environ.get("GPUWARDEN_SIM_START", time.time())),
+            float(os.environ.get("GPUWARDEN_SIM_SPEED", "1")),
+            float(wall) if wall else None,
         )
 
     def scenario_s(self, wall: float | None = None) -> float:
         """Scenario seconds elapsed at wall time ``wall`` (default now); negative before start."""
-        return ((wall if wall is not None else time.time()) - self.start) * self.speed
+        return ((wall if wall is not None else time.time()) - self.wall_start) * self.speed
 
     def event_ts(self, t: float) -> float:
         """Event time (epoch s) of scenario second ``t``."""
@@ -245,4 +291,4 @@ class ScenarioClock:
 
     def wall_of(self, t: float) -> float:
         """Wall time (epoch s) at which scenario second ``t`` happens."""
-        return self.start + t / self.speed
+        return self.wall_start + t / self.speed

@@ -19,6 +19,7 @@ MODELS: list[type[m.Model]] = [
     m.AttributedEvent,
     m.JobWindow,
     m.Failure,
+    m.JobReport,
     m.Remediation,
     m.HealthCheckResult,
     m.DeadLetter,

@@ -80,6 +80,8 @@ class Service:
     in ``on_start()`` and publish with ``self.publish()``."""
 
     name = "service"
+    #: How long a graceful stop waits for the record in hand, s.
+    stop_grace_s = 10.0
 
     def __init__(self, settings: ServiceSettings, producer: ProducerLike | None = None) -> None:
         self.settings = settings
@@ -88,9 +90,11 @@ class Service:
         self.http = HttpEndpoint(settings.http_host, settings.http_port, self.metrics, self.health)
         self._consumers: list[Consumer] = []
         self._tasks: list[asyncio.Task[Any]] = []
+        self._consumer_tasks: dict[int, asyncio.Task[Any]] = {}
         self._started = False
         self.started_at: float | None = None
         self.failed: BaseException | None = None
+        self.topic_problems: list[str] = []
 
     # -- lifecycle ---------------------------------------------------------------
     async def start(self) -> None:
@@ -101,31 +105,57 @@ class Service:
         self.started_at = time.time()
         await self.http.start()
         await self.producer.start()
+        await self._check_topics()
         await self.on_start()
         for c in self._consumers:
             await c.start()
-            self.spawn(c.run(), f"consume:{','.join(c.topics)}")
+            self._consumer_tasks[id(c)] = self.spawn(c.run(), f"consume:{','.join(c.topics)}")
         self.metrics.up.set(1)
         log.info("%s started (pid %s), http://%s:%s/healthz", self.name, os.getpid(), self.http.host, self.http.port)
 
     async def stop(self) -> None:
-        """Cancel tasks, commit offsets, flush the producer. Safe before start and twice."""
+        """Graceful: each consumer finishes the record in hand and commits only what was
+        handled (the rest of its batch is handed back), then the other tasks are cancelled and
+        the producer flushed. Safe before start and twice."""
         if not self._started:
             return
         self._started = False
+        ctasks, self._consumer_tasks = self._consumer_tasks, {}
+        for c in self._consumers:
+            await c.stop_gracefully(ctasks.get(id(c)), self.stop_grace_s)
         tasks, self._tasks = self._tasks, []
         for t in tasks:
             t.cancel()
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-        for c in self._consumers:
-            await c.stop()
         await self.on_stop()
         await self.producer.stop()
         await self.http.stop()
         self.metrics.up.set(0)
         log.info("%s stopped", self.name)
+
+    async def _check_topics(self) -> None:
+        """Validate the topics against the cluster at start (missing, under-replicated, a low
+        ``min.insync.replicas``): each problem is logged as an error and listed in ``/healthz``
+        (``topic_problems``); the service still starts (the topics are the operator's to fix
+        with ``gpuwarden topics create``)."""
+        if not isinstance(self.producer, Producer) or not self.settings.bootstrap_servers:
+            return
+        from .topics import check_topics
+
+        try:
+            problems = await check_topics(
+                self.settings.bootstrap_servers,
+                self.settings.topic_prefix,
+                client_kwargs=self.settings.kafka_kwargs(),
+            )
+        except Exception as exc:
+            log.warning("%s: cannot check the topics on the cluster: %s", self.name, exc)
+            return
+        self.topic_problems = problems
+        for p in problems:
+            log.error("%s: topic check: %s", self.name, p)
 
     async def on_start(self) -> None:
         """Hook: register consumers and tasks."""
@@ -134,13 +164,22 @@ class Service:
         """Hook: release resources (called before the producer is flushed)."""
 
     def health(self) -> dict[str, Any]:
+        """``status``: ``ok``; ``degraded`` while the broker does not confirm deliveries
+        (``broker: unreachable``; HTTP 503); ``failed`` after a task crashed; ``stopped``."""
         status = "ok" if self._started and self.failed is None else "failed" if self.failed else "stopped"
+        state = getattr(self.producer, "broker_state", None)
+        broker = state() if callable(state) else "ok"
+        if status == "ok" and broker != "ok":
+            status = "degraded"
         return {
             "service": self.name,
             "status": status,
+            "broker": broker,
+            "broker_error": getattr(self.producer, "last_error", None) if broker != "ok" else None,
             "pid": os.getpid(),
             "started_at": self.started_at,
             "error": repr(self.failed) if self.failed else None,
+            "topic_problems": self.topic_problems,
         }
 
     # -- helpers -----------------------------------------------------------------
@@ -234,6 +273,9 @@ def run_service(factory: Callable[[], Lifecycle], log_level: str | None = None) 
         level=getattr(logging, level, logging.INFO),
         format=f"%(asctime)s %(levelname)s [{socket.gethostname()}:%(process)d] %(name)s: %(message)s",
     )
+    from .logfilter import limit_kafka_logging
+
+    limit_kafka_logging()
     try:
         return asyncio.run(_serve(factory))
     except ValidationError as exc:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import os
+import ssl
+from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["BusSettings", "ServiceSettings", "describe_settings_error"]
@@ -23,11 +26,29 @@ def describe_settings_error(exc: ValidationError, prefix: str = "GPUWARDEN_") ->
     return "invalid settings: " + "; ".join(lines)
 
 
+#: Environment variable prefixes of the Kafka client security settings: a variable with one of
+#: these prefixes that is not a known setting is an error (a typo must never mean plaintext).
+SECURITY_ENV_PREFIXES = ("GPUWARDEN_SECURITY_", "GPUWARDEN_SASL_", "GPUWARDEN_SSL_", "GPUWARDEN_PRODUCER_")
+
+
 class BusSettings(BaseSettings):
-    """Where Kafka is and how topics are named.
+    """Where Kafka is, how topics are named and how every client authenticates.
 
     Environment: ``GPUWARDEN_BOOTSTRAP_SERVERS`` (default ``127.0.0.1:9092``),
-    ``GPUWARDEN_TOPIC_PREFIX`` (default ``gpuwarden.``).
+    ``GPUWARDEN_TOPIC_PREFIX`` (default ``gpuwarden.``), and the security settings
+    ``GPUWARDEN_SECURITY_PROTOCOL`` (``PLAINTEXT``, ``SSL``, ``SASL_PLAINTEXT``, ``SASL_SSL``),
+    ``GPUWARDEN_SASL_MECHANISM`` (``PLAIN``, ``SCRAM-SHA-256``, ``SCRAM-SHA-512``),
+    ``GPUWARDEN_SASL_USERNAME``, ``GPUWARDEN_SASL_PASSWORD``, ``GPUWARDEN_SSL_CAFILE``,
+    ``GPUWARDEN_SSL_CERTFILE``/``GPUWARDEN_SSL_KEYFILE``/``GPUWARDEN_SSL_KEY_PASSWORD`` (client
+    certificate, mTLS), ``GPUWARDEN_SSL_CHECK_HOSTNAME`` (default true), and the producer's
+    durability ``GPUWARDEN_PRODUCER_ACKS`` (``all`` or ``1``, default ``all``) and
+    ``GPUWARDEN_PRODUCER_IDEMPOTENCE`` (``auto``: on when the broker has the idempotent
+    producer API, ``true``, ``false``).
+
+    Raises (at construction, as ``pydantic.ValidationError``): an unknown
+    ``GPUWARDEN_SECURITY_*``/``SASL_*``/``SSL_*``/``PRODUCER_*`` variable, SASL without a
+    username and password, a client certificate without its key, a file that does not
+    exist, TLS settings with a plaintext protocol.
     """
 
     model_config = SettingsConfigDict(env_prefix="GPUWARDEN_", extra="ignore")
@@ -35,12 +56,140 @@ class BusSettings(BaseSettings):
     bootstrap_servers: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers, host:port[,...]")
     topic_prefix: str = Field("gpuwarden.", description="Prefix of every topic name")
     client_id: str = Field("gpuwarden", description="Kafka client id prefix")
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="Kafka security protocol of every client"
+    )
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = Field(
+        "SCRAM-SHA-512", description="SASL mechanism (SASL_* protocols)"
+    )
+    sasl_username: str | None = Field(None, description="SASL user name")
+    sasl_password: SecretStr | None = Field(None, description="SASL password")
+    ssl_cafile: Path | None = Field(None, description="CA bundle that signed the brokers' certificates (PEM)")
+    ssl_certfile: Path | None = Field(None, description="Client certificate (PEM) for mTLS")
+    ssl_keyfile: Path | None = Field(None, description="Private key (PEM) of the client certificate")
+    ssl_key_password: SecretStr | None = Field(None, description="Password of the private key")
+    ssl_check_hostname: bool = Field(True, description="Check the broker's certificate matches its host name")
+    producer_acks: Literal["all", "1"] = Field("all", description="Producer acks: all (durable) or 1")
+    producer_idempotence: Literal["auto", "true", "false"] = Field(
+        "auto", description="Idempotent producer: auto = when the broker supports it"
+    )
+
+    @field_validator("security_protocol", "sasl_mechanism", mode="before")
+    @classmethod
+    def _upper_name(cls, v: object) -> object:
+        return v.strip().upper() if isinstance(v, str) else v
+
+    @field_validator("producer_idempotence", "producer_acks", mode="before")
+    @classmethod
+    def _lower_name(cls, v: object) -> object:
+        return v.strip().lower() if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _check_security(self) -> BusSettings:
+        unknown = sorted(
+            k
+            for k in os.environ
+            if k.upper().startswith(SECURITY_ENV_PREFIXES) and k.upper()[len("GPUWARDEN_") :].lower() not in _BUS_FIELDS
+        )
+        if unknown:
+            raise ValueError(f"unknown Kafka security setting(s) {', '.join(unknown)} (known: {_known_env()})")
+        sasl = self.security_protocol.startswith("SASL_")
+        tls = self.security_protocol in ("SSL", "SASL_SSL")
+        if sasl and (not self.sasl_username or self.sasl_password is None):
+            raise ValueError(f"{self.security_protocol} needs GPUWARDEN_SASL_USERNAME and GPUWARDEN_SASL_PASSWORD")
+        if not sasl and (self.sasl_username or self.sasl_password is not None):
+            raise ValueError(f"SASL credentials are set but GPUWARDEN_SECURITY_PROTOCOL is {self.security_protocol}")
+        files = {"ssl_cafile": self.ssl_cafile, "ssl_certfile": self.ssl_certfile, "ssl_keyfile": self.ssl_keyfile}
+        if not tls and any(files.values()):
+            raise ValueError(f"TLS files are set but GPUWARDEN_SECURITY_PROTOCOL is {self.security_protocol}")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError("a client certificate needs both GPUWARDEN_SSL_CERTFILE and GPUWARDEN_SSL_KEYFILE")
+        for name, path in files.items():
+            if path is not None and not path.is_file():
+                raise ValueError(f"GPUWARDEN_{name.upper()}={str(path)!r}: no such file")
+        return self
 
     def topic(self, name: str) -> str:
         """Full name of a registered topic (see ``gpuwarden.shared.topics``)."""
         from .topics import topic
 
         return topic(name, self.topic_prefix)
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context of the ``SSL``/``SASL_SSL`` protocols (None for plaintext): the CA
+        file (else the system CAs), the client certificate if set, hostname checking as set,
+        certificates always verified.
+
+        Raises:
+            ssl.SSLError, OSError: a file is not a usable PEM certificate/key.
+        """
+        if self.security_protocol not in ("SSL", "SASL_SSL"):
+            return None
+        from aiokafka.helpers import create_ssl_context
+
+        ctx = create_ssl_context(
+            cafile=str(self.ssl_cafile) if self.ssl_cafile else None,
+            certfile=str(self.ssl_certfile) if self.ssl_certfile else None,
+            keyfile=str(self.ssl_keyfile) if self.ssl_keyfile else None,
+            password=self.ssl_key_password.get_secret_value() if self.ssl_key_password else None,
+        )
+        ctx.check_hostname = self.ssl_check_hostname
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        return ctx
+
+    def kafka_kwargs(self) -> dict[str, Any]:
+        """Connection keyword arguments for every aiokafka client (producer, consumer, admin,
+        ``AIOKafkaClient``): ``bootstrap_servers``, ``security_protocol`` and, as configured,
+        ``ssl_context``, ``sasl_mechanism``, ``sasl_plain_username``/``sasl_plain_password``."""
+        kw: dict[str, Any] = {"bootstrap_servers": self.bootstrap_servers, "security_protocol": self.security_protocol}
+        ctx = self.ssl_context()
+        if ctx is not None:
+            kw["ssl_context"] = ctx
+        if self.security_protocol.startswith("SASL_"):
+            assert self.sasl_password is not None
+            kw.update(
+                sasl_mechanism=self.sasl_mechanism,
+                sasl_plain_username=self.sasl_username,
+                sasl_plain_password=self.sasl_password.get_secret_value(),
+            )
+        return kw
+
+    def faust_credentials(self) -> Any:
+        """The same security for faust (``broker_credentials``): ``faust.SASLCredentials`` or
+        ``faust.SSLCredentials``; None for ``PLAINTEXT``."""
+        import faust
+
+        ctx = self.ssl_context()
+        if self.security_protocol.startswith("SASL_"):
+            assert self.sasl_password is not None
+            return faust.SASLCredentials(
+                username=self.sasl_username,
+                password=self.sasl_password.get_secret_value(),
+                ssl_context=ctx,
+                mechanism=self.sasl_mechanism,
+            )
+        if ctx is not None:
+            return faust.SSLCredentials(ctx)
+        return None
+
+
+_BUS_FIELDS = {
+    "security_protocol",
+    "sasl_mechanism",
+    "sasl_username",
+    "sasl_password",
+    "ssl_cafile",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_key_password",
+    "ssl_check_hostname",
+    "producer_acks",
+    "producer_idempotence",
+}
+
+
+def _known_env() -> str:
+    return ", ".join(f"GPUWARDEN_{f.upper()}" for f in sorted(_BUS_FIELDS))
 
 
 class ServiceSettings(BusSettings):

@@ -6,15 +6,19 @@ Names carry a configurable prefix (default ``gpuwarden.``), see ``GPUWARDEN_TOPI
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.protocol.metadata import MetadataRequest
 from pydantic import BaseModel
 
 from . import models as m
 
-__all__ = ["TOPICS", "TopicSpec", "create_topics", "topic"]
+__all__ = ["TOPICS", "TopicSpec", "create_topics", "replication_plan", "topic"]
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,14 @@ TOPICS: dict[str, TopicSpec] = {
         ),
         TopicSpec("failures", "node", m.Failure, 6, "named failures: the public contract", {"retention.ms": _WEEK_MS}),
         TopicSpec(
+            "job.reports",
+            "job id",
+            m.JobReport,
+            3,
+            "job verdicts: where a job's GPU-hours went, why, what it cost",
+            {"retention.ms": str(30 * 24 * 3600 * 1000)},
+        ),
+        TopicSpec(
             "remediations", "node", m.Remediation, 3, "audit trail of remediation decisions", {"retention.ms": _WEEK_MS}
         ),
         TopicSpec(
@@ -99,45 +111,92 @@ def topic(name: str, prefix: str = "gpuwarden.") -> str:
     return TOPICS[name].full(prefix)
 
 
+def replication_plan(
+    brokers: int, replication_factor: int | None = None, min_insync: int | None = None
+) -> tuple[int, int]:
+    """``(replication factor, min.insync.replicas)`` for a cluster of ``brokers`` brokers. Pure.
+
+    Default: 3 replicas and ``min.insync.replicas=2`` when the cluster has >= 3 brokers (a
+    write with ``acks=all`` then survives one broker down and is on 2 brokers when
+    confirmed), otherwise one replica per broker and ``min.insync.replicas=1``.
+
+    Raises:
+        ValueError: more replicas than brokers, ``min_insync`` above the replication factor,
+            or values below 1.
+    """
+    if brokers < 1:
+        raise ValueError("the cluster reports no brokers")
+    rf = replication_factor if replication_factor is not None else (3 if brokers >= 3 else brokers)
+    if rf < 1:
+        raise ValueError(f"replication factor must be >= 1, got {rf}")
+    if rf > brokers:
+        raise ValueError(f"replication factor {rf} needs at least {rf} brokers; the cluster has {brokers}")
+    isr = min_insync if min_insync is not None else (2 if rf >= 3 else 1)
+    if not 1 <= isr <= rf:
+        raise ValueError(f"min.insync.replicas must be 1..{rf} (the replication factor), got {isr}")
+    return rf, isr
+
+
 async def create_topics(
     bootstrap_servers: str,
     prefix: str = "gpuwarden.",
     partitions: int | None = None,
-    replication_factor: int = 1,
+    replication_factor: int | None = None,
     with_configs: bool = True,
+    *,
+    min_insync_replicas: int | None = None,
+    client_kwargs: dict[str, Any] | None = None,
 ) -> dict[str, str]:
-    """Create every registered topic that does not exist yet.
+    """Create every registered topic that does not exist yet; check the ones that do.
 
     Args:
         bootstrap_servers: ``host:port[,host:port]`` of the broker.
         prefix: topic name prefix.
         partitions: override the registry's partition count (tests, small brokers).
-        replication_factor: replicas per partition.
+        replication_factor: replicas per partition; None: see :func:`replication_plan`
+            (3 on a cluster of >= 3 brokers).
         with_configs: send per-topic configs (Tansu ignores most of them).
+        min_insync_replicas: ``min.insync.replicas`` of the new topics (None: 2 with >= 3 replicas).
+        client_kwargs: security settings of the admin client (``BusSettings.kafka_kwargs()``).
 
     Returns:
-        ``{full topic name: "created" | "exists"}``.
+        ``{full topic name: "created" | "exists" | "exists (N replicas, fewer than R)"}``.
 
     Raises:
+        ValueError: a replication factor the cluster cannot hold.
         aiokafka.errors.KafkaError: the broker is unreachable or refused a topic.
     """
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=15000)
+    kw = dict(client_kwargs or {})
+    kw["bootstrap_servers"] = bootstrap_servers
+    admin = AIOKafkaAdminClient(**kw, request_timeout_ms=15000)
     await admin.start()
     result: dict[str, str] = {}
     try:
+        cluster = await admin.describe_cluster()
+        rf, isr = replication_plan(len(cluster.get("brokers", [])) or 1, replication_factor, min_insync_replicas)
         existing = set(await admin.list_topics())
+        mine = [spec.full(prefix) for spec in TOPICS.values() if spec.full(prefix) in existing]
+        have = {}
+        if mine:
+            for t in await admin.describe_topics(mine):
+                parts = t.get("partitions") or []
+                have[t["topic"]] = min((len(p.get("replicas") or []) for p in parts), default=0)
         new = []
         for spec in TOPICS.values():
             full = spec.full(prefix)
             if full in existing:
-                result[full] = "exists"
+                n = have.get(full, rf)
+                result[full] = "exists" if n >= rf else f"exists ({n} replicas, fewer than {rf})"
                 continue
+            configs = dict(spec.configs) if with_configs else {}
+            if with_configs and rf > 1:
+                configs["min.insync.replicas"] = str(isr)
             new.append(
                 NewTopic(
                     name=full,
                     num_partitions=partitions or spec.partitions,
-                    replication_factor=replication_factor,
-                    topic_configs=dict(spec.configs) if with_configs else {},
+                    replication_factor=rf,
+                    topic_configs=configs,
                 )
             )
             result[full] = "created"
@@ -153,6 +212,88 @@ async def create_topics(
                     result[name] = "exists"
                 elif code:
                     raise RuntimeError(f"broker refused topic {name}: error code {code} {err[2:]}")
+            nodes = [b["node_id"] for b in cluster.get("brokers", [])]
+            await _wait_known(admin, [t.name for t in new], nodes)
     finally:
         await admin.close()
     return result
+
+
+async def _wait_known(admin: AIOKafkaAdminClient, names: list[str], nodes: list[int], timeout_s: float = 30.0) -> None:
+    """Wait (up to ``timeout_s``) until every broker in ``nodes`` answers metadata for each new
+    topic with a leader for every partition: a client that starts right after
+    :func:`create_topics` then never gets "unknown topic" from a broker that lags behind."""
+    end = time.monotonic() + timeout_s
+    for node in nodes:
+        while True:
+            resp = (await admin._send_request_to_node(node, MetadataRequest(names))).to_object()
+            known = {t["topic"] for t in resp["topics"] if t["error_code"] == 0 and t["partitions"]
+                     and all(p["error_code"] == 0 and p["leader"] >= 0 for p in t["partitions"])}  # fmt: skip
+            if known >= set(names) or time.monotonic() > end:
+                break
+            await asyncio.sleep(0.1)
+
+
+async def check_topics(
+    bootstrap_servers: str,
+    prefix: str = "gpuwarden.",
+    *,
+    client_kwargs: dict[str, Any] | None = None,
+    timeout_ms: int = 10000,
+) -> list[str]:
+    """What is wrong with this prefix's topics on the cluster, checked at a service's start.
+
+    For each registered topic: missing (create them with ``gpuwarden topics create``), fewer
+    replicas than :func:`replication_plan` gives for the cluster's broker count, or a
+    ``min.insync.replicas`` below the plan's (an ``acks=all`` write would then be confirmed by
+    one broker). A broker that does not answer the config query (the embedded Tansu) skips
+    that part of the check.
+
+    Returns:
+        One sentence per problem; empty when the topics are as planned.
+
+    Raises:
+        aiokafka.errors.KafkaError: the cluster is unreachable.
+    """
+    kw = dict(client_kwargs or {})
+    kw["bootstrap_servers"] = bootstrap_servers
+    admin = AIOKafkaAdminClient(**kw, request_timeout_ms=timeout_ms)
+    await admin.start()
+    problems: list[str] = []
+    try:
+        cluster = await admin.describe_cluster()
+        brokers = len(cluster.get("brokers", [])) or 1
+        rf, isr = replication_plan(brokers)
+        existing = set(await admin.list_topics())
+        names = [spec.full(prefix) for spec in TOPICS.values()]
+        missing = [n for n in names if n not in existing]
+        if missing:
+            problems.append(
+                f"{len(missing)} topics missing ({', '.join(missing[:4])}...): run `gpuwarden topics create`"
+            )
+        present = [n for n in names if n in existing]
+        if not present:
+            return problems
+        for t in await admin.describe_topics(present):
+            parts = t.get("partitions") or []
+            n = min((len(p.get("replicas") or []) for p in parts), default=0)
+            if n < rf:
+                problems.append(f"{t['topic']}: {n} replicas, fewer than {rf} on a {brokers}-broker cluster")
+        if rf > 1:
+            try:
+                from aiokafka.admin import ConfigResource, ConfigResourceType
+
+                resp = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, n) for n in present])
+                for r in resp:
+                    for res in r.to_object().get("resources", []):
+                        for c in res.get("configs", []):
+                            if c.get("config_names") == "min.insync.replicas" and int(c.get("config_value") or 1) < isr:
+                                problems.append(
+                                    f"{res.get('resource_name')}: min.insync.replicas={c.get('config_value')}, "
+                                    f"below {isr}: an acks=all write would be confirmed by fewer brokers"
+                                )
+            except Exception:
+                pass
+    finally:
+        await admin.close()
+    return problems

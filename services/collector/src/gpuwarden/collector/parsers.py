@@ -12,13 +12,19 @@ No I/O here: callers read files, ``/dev/kmsg`` or NVML and hand text to these fu
 from __future__ import annotations
 
 import calendar
+import csv
+import functools
+import io
 import logging
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
+from importlib.resources import files
+from typing import Any
 
-from gpuwarden.shared.models import EventKind, GpuEvent, GpuSample, stable_id
+from gpuwarden.shared.models import EventKind, GpuEvent, GpuSample, Severity, stable_id
 
 __all__ = [
     "KNOWN_DTD_VERSIONS",
@@ -32,6 +38,7 @@ __all__ = [
     "parse_kmsg",
     "parse_nvidia_smi_xml",
     "split_kmsg_record",
+    "xid_severities",
 ]
 
 log = logging.getLogger(__name__)
@@ -152,6 +159,10 @@ def _yes_no(el: ET.Element | None, path: str) -> bool | None:
     return t.lower() in {"yes", "true", "1", "active"}
 
 
+def _first_bool(*vals: bool | None) -> bool | None:
+    return next((v for v in vals if v is not None), None)
+
+
 def _throttle(gpu: ET.Element) -> list[str]:
     for block, prefix in (
         ("clocks_event_reasons", "clocks_event_reason_"),
@@ -201,30 +212,88 @@ def _mig(gpu: ET.Element) -> list[MigDevice]:
     return out
 
 
-def _gpu(gpu: ET.Element, order: int) -> GpuSample:
+@dataclass(frozen=True)
+class _PowerLayout:
+    """Where one ``nvidia-smi -q -x`` DTD version prints the board power (W)."""
+
+    block: str
+    average: tuple[str, ...]
+    instant: tuple[str, ...]
+    limit: tuple[str, ...]
+
+
+# DTD v11 (drivers 510-525): <power_readings><power_draw>; v12 (530-545): <gpu_power_readings>
+# with <power_draw>, later v12 drivers already split it; v13 (550+, 595 seen): <gpu_power_readings>
+# with <average_power_draw> and <instant_power_draw> (no <power_draw>).
+_POWER_V11 = _PowerLayout(
+    "power_readings",
+    ("power_draw", "average_power_draw"),
+    ("instant_power_draw",),
+    ("enforced_power_limit", "current_power_limit", "power_limit"),
+)
+_POWER_V12 = _PowerLayout(
+    "gpu_power_readings",
+    ("power_draw", "average_power_draw"),
+    ("instant_power_draw",),
+    ("current_power_limit", "enforced_power_limit"),
+)
+_POWER_V13 = _PowerLayout(
+    "gpu_power_readings",
+    ("average_power_draw", "power_draw"),
+    ("instant_power_draw",),
+    ("current_power_limit", "enforced_power_limit"),
+)
+_POWER_BY_DTD = {"11": _POWER_V11, "12": _POWER_V12, "13": _POWER_V13}
+
+
+def _power(gpu: ET.Element, dtd: str | None) -> tuple[float | None, float | None, float | None]:
+    """(average W, instant W, limit W) read with the layout of ``dtd``; an unknown or absent DTD
+    version uses the layout whose block is present (``gpu_power_readings`` first)."""
+    layout = _POWER_BY_DTD.get(dtd or "")
+    if layout is None or gpu.find(layout.block) is None:
+        layout = _POWER_V13 if gpu.find("gpu_power_readings") is not None else _POWER_V11
+    b = layout.block
+    return (
+        _first_num(gpu, *(f"{b}/{t}" for t in layout.average)),
+        _first_num(gpu, *(f"{b}/{t}" for t in layout.instant)),
+        _first_num(gpu, *(f"{b}/{t}" for t in layout.limit)),
+    )
+
+
+def _processes(gpu: ET.Element) -> list[dict[str, Any]] | None:
+    """``<processes><process_info>`` -> ``[{"pid", "type", "process_name", "used_memory_mib",
+    "gpu_instance_id", "compute_instance_id"}]`` (keys whose value is N/A are absent); None
+    when the GPU has no ``<processes>`` element (not reported), ``[]`` when it is empty."""
+    el = gpu.find("processes")
+    if el is None:
+        return None
+    out: list[dict[str, Any]] = []
+    for p in el.findall("process_info"):
+        pid = _int(p, "pid")
+        if pid is None:
+            continue
+        proc: dict[str, Any] = {"pid": pid}
+        for key, path in (("type", "type"), ("process_name", "process_name")):
+            if (t := _text(p, path)) is not None:
+                proc[key] = t
+        if (mem := _num(p, "used_memory")) is not None:
+            proc["used_memory_mib"] = mem
+        for key in ("gpu_instance_id", "compute_instance_id"):
+            if (v := _int(p, key)) is not None:
+                proc[key] = v
+        out.append(proc)
+    return out
+
+
+def _gpu(gpu: ET.Element, order: int, dtd: str | None = None) -> GpuSample:
     minor = _int(gpu, "minor_number")
     pci_raw = _text(gpu, "pci/pci_bus_id") or gpu.get("id")
     sbe, dbe = _ecc(gpu)
     rr = gpu.find("remapped_rows")
     has_rr = rr is not None and len(rr) > 0
-    # v13 splits power into average/instant in <gpu_power_readings>; v11/v12 have <power_readings>.
-    power = _first_num(
-        gpu,
-        "gpu_power_readings/average_power_draw",
-        "gpu_power_readings/power_draw",
-        "gpu_power_readings/instant_power_draw",
-        "power_readings/power_draw",
-        "power_readings/average_power_draw",
-        "power_readings/instant_power_draw",
-    )
-    limit = _first_num(
-        gpu,
-        "gpu_power_readings/current_power_limit",
-        "gpu_power_readings/enforced_power_limit",
-        "power_readings/enforced_power_limit",
-        "power_readings/current_power_limit",
-        "power_readings/power_limit",
-    )
+    power, instant, limit = _power(gpu, dtd)
+    rp_sbe = _int(gpu, "retired_pages/multiple_single_bit_retirement/retired_count")
+    rp_dbe = _int(gpu, "retired_pages/double_bit_retirement/retired_count")
     link = "pci/pci_gpu_link_info"
     return GpuSample(
         index=minor if minor is not None else order,
@@ -238,6 +307,7 @@ def _gpu(gpu: ET.Element, order: int) -> GpuSample:
         temperature_c=_num(gpu, "temperature/gpu_temp"),
         memory_temperature_c=_num(gpu, "temperature/memory_temp"),
         power_w=power,
+        power_instant_w=instant,
         power_limit_w=limit,
         sm_clock_mhz=_num(gpu, "clocks/sm_clock"),
         memory_clock_mhz=_num(gpu, "clocks/mem_clock"),
@@ -245,10 +315,15 @@ def _gpu(gpu: ET.Element, order: int) -> GpuSample:
         throttle_reasons=_throttle(gpu),
         ecc_sbe_volatile=sbe,
         ecc_dbe_volatile=dbe,
-        retired_pages=_sum_opt(
-            _num(gpu, "retired_pages/multiple_single_bit_retirement/retired_count"),
-            _num(gpu, "retired_pages/double_bit_retirement/retired_count"),
+        retired_pages=_sum_opt(rp_sbe, rp_dbe),
+        retired_pages_sbe=rp_sbe,
+        retired_pages_dbe=rp_dbe,
+        retired_pages_pending=_first_bool(
+            _yes_no(gpu, "retired_pages/pending_retirement"), _yes_no(gpu, "retired_pages/pending_blacklist")
         ),
+        serial=_text(gpu, "serial"),
+        vbios_version=_text(gpu, "vbios_version"),
+        processes=_processes(gpu),
         remapped_rows_pending=_yes_no(rr, "remapped_row_pending") if has_rr else None,
         remapped_rows_failure=_yes_no(rr, "remapped_row_failure") if has_rr else None,
         pcie_replay_count=_int(gpu, "pci/replay_counter"),
@@ -288,7 +363,7 @@ def parse_nvidia_smi_xml(text: str) -> SmiReport:
     gpus: list[GpuSample] = []
     mig: dict[int, list[MigDevice]] = {}
     for order, g in enumerate(root.findall("gpu")):
-        s = _gpu(g, order)
+        s = _gpu(g, order, dtd)
         gpus.append(s)
         devs = _mig(g)
         if devs:
@@ -311,11 +386,33 @@ _XID_RE = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<pci>[^)\s]{0,40})\): (?P<code>\d{1,6})(?:,\s*(?P<rest>.*))?$", re.DOTALL
 )
 _SXID_RE = re.compile(
-    r"nvidia-nvswitch\d{0,4}: SXid \((?:PCI:)?(?P<pci>[^)\s]{0,40})\): (?P<code>\d{1,6})(?:,\s*(?P<rest>.*))?$",
+    r"nvidia-nvswitch(?P<sw>\d{0,4}): SXid \((?:PCI:)?(?P<pci>[^)\s]{0,40})\): (?P<code>\d{1,6})(?:,\s*(?P<rest>.*))?$",
     re.DOTALL,
 )
 _PID_RE = re.compile(r"^pid=(?P<pid>'?<unknown>'?|\d{1,10}),\s*name=(?P<name>[^,]*),\s*")
-_CHANNEL_RE = re.compile(r"\b(?:channel\s+(?:0x)?|Ch\s+)(?P<ch>[0-9a-fA-F]{1,8})\b")
+# "Ch 0000000c" (r470-r570), "channel 0x0000000c" (595 open module), legacy "Channel ID 00000009"
+_CHANNEL_RE = re.compile(r"\b(?:channel\s+(?:0x)?|Channel ID\s+(?:0x)?|Ch\s+)(?P<ch>[0-9a-fA-F]{1,8})\b")
+# NVLink5 XIDs 144-150 (r570+): "145, RLW, nonfatal, ..., Link 3 (0x00000004 0x00000001 ... 0x00000000)"
+NVLINK5_XIDS = frozenset(range(144, 151))
+_REGS_RE = re.compile(r"\((?P<words>0x[0-9a-fA-F]{1,8}(?:\s+0x[0-9a-fA-F]{1,8}){1,15})\)")
+_LINK_RE = re.compile(r"\bLink\s+(?P<link>\d{1,3})\b")
+# a GPU the driver could not bind: the per-device lines, then the "probe routine" summary
+_PROBE_SUMMARY_RE = re.compile(r"NVRM: The NVIDIA probe routine was not called for (?P<n>\d{1,4}) device\(s\)")
+_NO_PROBE_RE = re.compile(
+    r"NVRM: (?:No NVIDIA (?:devices|graphics adapter) probed|None of the NVIDIA devices were initialized)"
+)
+# a GPU whose probe ran and failed (nv.c, r340 .. 595): "NVRM: This PCI I/O region assigned to your
+# NVIDIA device is invalid:" / "NVRM: BAR0 is 0M @ 0x0 (PCI:0000:01:00.0)", then the summary
+_PROBE_FAILED_RE = re.compile(r"NVRM: The NVIDIA probe routine failed for (?P<n>\d{1,4}) device\(s\)")
+_BAR_INVALID_RE = re.compile(rf"NVRM: BAR(?P<bar>\d) is \d+M @ 0x[0-9a-fA-F]+ \(PCI:(?P<pci>{_PCI_TOKEN})\)")
+_UNBOUND_RE = re.compile(
+    rf"NVRM: (?:GPU (?P<pci>{_PCI_TOKEN}) is already bound to (?P<drv>[\w.-]+)"
+    rf"|ignoring the legacy GPU (?P<pci2>{_PCI_TOKEN}))"
+)
+_INIT_FAIL_RE = re.compile(
+    rf"NVRM: GPU (?P<pci>{_PCI_TOKEN}): (?P<what>RmInitAdapter failed!?.*|rm_init_adapter failed.*)$"
+)
+_GPU_UUID_RE = re.compile(rf"NVRM: GPU at (?:PCI:)?(?P<pci>{_PCI_TOKEN}): (?P<uuid>GPU-[0-9a-fA-F-]{{36}})")
 # "Nonfatal"/"Non-fatal" must win over "Fatal" (a substring of it): one alternation, word-bounded.
 _FATAL_RE = re.compile(r"(?<![A-Za-z])(?P<tok>non-?fatal|fatal)(?![A-Za-z])", re.IGNORECASE)
 _CAUSE_RE = re.compile(
@@ -402,8 +499,60 @@ def _fatal_of(text: str) -> bool | None:
     return not m["tok"].lower().startswith("non")
 
 
+@functools.lru_cache(maxsize=4)
+def _load_severities(path: str | None) -> dict[int, Severity]:
+    if path is None:
+        try:
+            text = files("gpuwarden.detector").joinpath("xids.csv").read_text()
+        except (ModuleNotFoundError, FileNotFoundError, OSError):
+            return {}
+    else:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    out: dict[int, Severity] = {}
+    for n, row in enumerate(csv.DictReader(io.StringIO(text)), start=2):
+        try:
+            out[int(row["xid"])] = Severity(row["severity"].strip())
+        except (KeyError, ValueError, AttributeError) as exc:
+            raise ValueError(f"XID catalog {path or 'xids.csv'} line {n}: bad xid/severity: {exc}") from exc
+    return out
+
+
+def xid_severities(path: str | None = None) -> dict[int, Severity]:
+    """XID code -> :class:`~gpuwarden.shared.models.Severity` from the XID catalog: the detector's
+    ``xids.csv`` (columns ``xid``, ``severity``: info/warning/critical/fatal), or the CSV at ``path``.
+
+    Without ``path`` and without ``gpuwarden-detector`` installed (a GPU node with only the
+    collector) the table is empty and events carry no severity. Cached per path.
+
+    Raises:
+        ValueError: a row whose ``xid`` is not an integer or ``severity`` not a known severity.
+        OSError: ``path`` cannot be read.
+    """
+    return dict(_load_severities(path))
+
+
+def _nvlink5(code: int, rest: str) -> tuple[int | None, int | None]:
+    """(sub-code, link) of an NVLink5 XID 144-150: sub-code = bits 20-25 of the first register word."""
+    link = int(lm["link"]) if (lm := _LINK_RE.search(rest)) else None
+    if code not in NVLINK5_XIDS:
+        return None, link
+    rm = _REGS_RE.search(rest)
+    if rm is None:
+        return None, link
+    first = int(rm["words"].split()[0], 16)
+    return (first >> 20) & 0x3F, link
+
+
 def parse_kernel_log_line(
-    line: str, node: str, default_ts: float, year: int | None = None, *, source: str = "kmsg", tz: tzinfo = UTC
+    line: str,
+    node: str,
+    default_ts: float,
+    year: int | None = None,
+    *,
+    source: str = "kmsg",
+    tz: tzinfo = UTC,
+    severities: Mapping[int, Severity] | None = None,
 ) -> GpuEvent | None:
     """Parse one kernel-log line into an XID or SXID :class:`GpuEvent`; None for any other line.
 
@@ -422,6 +571,15 @@ def parse_kernel_log_line(
       more than a day after ``default_ts``), both read in ``tz`` (default UTC);
     * monotonic ``[  365.969681]``, raw ``/dev/kmsg`` records, bare lines and impossible dates:
       ``default_ts``.
+
+    Legacy r340-r390 layouts print a channel and no pid (``31, Ch 00000004, engmask ...``,
+    ``32, Channel ID 00000009 intr 00800000``): ``channel`` is read, ``pid`` None. NVLink5 XIDs
+    144-150 (r570+, ``145, RLW, nonfatal, ..., Link 3 (0x00000004 0x00000001 ...)``) get
+    ``sub_code`` (bits 20-25 of the first register word, the intrinfo) and ``link``; each line
+    is its own event (its ``event_id`` covers the register words). An SXID keeps the switch:
+    ``pci_bus_id`` of the NVSwitch and ``nvswitch_index`` N of ``nvidia-nvswitchN``.
+    ``severity`` is ``severities[code]`` for XIDs (see :func:`xid_severities`), None without a
+    table or for SXIDs.
 
     ``message`` is the driver's text after the code and the pid/name fields; ``pid`` and
     ``process_name`` are None when printed as ``<unknown>``; ``pci_bus_id`` is None when the
@@ -454,6 +612,8 @@ def parse_kernel_log_line(
         rest = rest[pm.end() :]
     ch = _CHANNEL_RE.search(rest) if kind is EventKind.XID else None
     cause = _CAUSE_RE.search(rest)
+    sub, link = _nvlink5(code, rest) if kind is EventKind.XID else (None, _nvlink5(code, rest)[1])
+    sw = m["sw"] if kind is EventKind.SXID else None
     return GpuEvent(
         event_id=stable_id(node, ts, kind.value, code, line),
         node=node,
@@ -469,38 +629,66 @@ def parse_kernel_log_line(
         channel=int(ch["ch"], 16) if ch else None,
         fatal=_fatal_of(rest),
         caused_by_xid=int(cause["xid"]) if cause else None,
+        severity=severities.get(code) if severities is not None and kind is EventKind.XID else None,
+        nvswitch_index=int(sw) if sw else None,
+        sub_code=sub,
+        link=link,
     )
 
 
 class KernelLogParser:
     """Stateful kernel-log parser: :func:`parse_kernel_log_line` plus the messages that span lines.
 
+    Reads the NVIDIA kernel module's messages of drivers r340 .. 595 (open and proprietary).
     ``feed(line, default_ts)`` returns the events that line completes:
 
-    * XID/SXID lines as :func:`parse_kernel_log_line`;
+    * XID/SXID lines as :func:`parse_kernel_log_line`, with ``gpu_uuid`` from an earlier
+      ``NVRM: GPU at PCI:0000:9b:00: GPU-<uuid>`` line for the same bus and ``severity`` from
+      ``severities`` (XID code -> catalog severity, :func:`xid_severities`);
     * "GPU has fallen off the bus" without an XID number, on one line
       (``NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.``) or split over up to 4 lines
       (``NVRM: The NVIDIA GPU 0000:b3:00.0`` / ``NVRM: (PCI ID: 10de:26b5) installed in this
       system has`` / ``NVRM: fallen off the bus and is not responding to commands.``): an XID 79
       event (``message`` says no number was printed; ``raw`` is the lines joined by ``\n``).
       It and an ``Xid ...: 79`` line for the same GPU within :data:`XID79_DEDUPE_S` seconds of
-      each other are one event: the later one is dropped.
+      each other are one event: the later one is dropped;
+    * a GPU the driver could not bind: ``NVRM: GPU 0000:01:00.0 is already bound to vfio-pci.``
+      (or ``ignoring the legacy GPU ...``) lines, then ``NVRM: The NVIDIA probe routine was not
+      called for N device(s).``: one ``gpu-lost`` event per named device at the summary line
+      (plus one without ``pci_bus_id`` for devices the log does not name); ``NVRM: GPU
+      0000:3b:00.0: RmInitAdapter failed! (...)``: a ``gpu-lost`` event at once;
+    * a GPU whose probe failed: ``NVRM: BAR0 is 0M @ 0x0 (PCI:0000:01:00.0)`` (the second line of
+      "This PCI I/O region assigned to your NVIDIA device is invalid:") lines, then ``NVRM: The
+      NVIDIA probe routine failed for N device(s).``: one ``gpu-lost`` event per named device, plus
+      one without ``pci_bus_id`` for devices the log does not name, unless a "fallen off the bus"
+      event came within :data:`XID79_DEDUPE_S` s before (that GPU is the one that failed).
 
     Never raises on any text.
     """
 
     def __init__(
-        self, node: str, *, source: str = "kmsg", year: int | None = None, tz: tzinfo = UTC, max_lines: int = 4
+        self,
+        node: str,
+        *,
+        source: str = "kmsg",
+        year: int | None = None,
+        tz: tzinfo = UTC,
+        max_lines: int = 4,
+        severities: Mapping[int, Severity] | None = None,
     ) -> None:
         self.node = node
         self.source = source
         self.year = year
         self.tz = tz
         self.max_lines = max_lines
+        self.severities = severities
         self._pending: list[str] = []
         self._pending_pci: str | None = None
         self._pending_ts = 0.0
         self._last79: dict[str | None, float] = {}
+        self._uuids: dict[str, str] = {}
+        self._unbound: list[tuple[str | None, str, str]] = []  # (pci, why, raw line)
+        self._bad_bar: list[tuple[str | None, str, str]] = []  # (pci, why, raw line)
         self.boot_ts: float | None = None
         """Epoch s of boot: ``/dev/kmsg`` records then get ts = boot_ts + their usec stamp."""
 
@@ -508,6 +696,9 @@ class KernelLogParser:
         last = self._last79.get(pci)
         self._last79[pci] = ts if last is None else max(last, ts)
         return last is not None and abs(ts - last) <= XID79_DEDUPE_S
+
+    def _sev(self, code: int) -> Severity | None:
+        return self.severities.get(code) if self.severities is not None else None
 
     def _off_bus(self, lines: list[str], pci: str | None, ts: float) -> GpuEvent | None:
         if self._dup79(pci, ts):
@@ -520,10 +711,71 @@ class KernelLogParser:
             kind=EventKind.XID,
             code=79,
             pci_bus_id=pci,
+            gpu_uuid=self._uuids.get(pci) if pci else None,
             message="GPU has fallen off the bus (no XID number printed)",
             raw=raw,
             source=self.source,
+            severity=self._sev(79),
         )
+
+    def _lost(self, pci: str | None, ts: float, message: str, raw: str) -> GpuEvent:
+        return GpuEvent(
+            event_id=stable_id(self.node, ts, EventKind.GPU_LOST.value, pci, raw),
+            node=self.node,
+            ts=ts,
+            kind=EventKind.GPU_LOST,
+            pci_bus_id=pci,
+            gpu_uuid=self._uuids.get(pci) if pci else None,
+            message=message,
+            raw=raw,
+            source=self.source,
+        )
+
+    def _probe_summary(self, n: int, ts: float, line: str) -> list[GpuEvent]:
+        head = f"the NVIDIA probe routine was not called for {n} device(s)"
+        out = [self._lost(pci, ts, f"{head}: {why}", f"{raw}\n{line}") for pci, why, raw in self._unbound]
+        if len(self._unbound) < n:
+            out.append(self._lost(None, ts, f"{head} ({n - len(self._unbound)} not named in the log)", line))
+        self._unbound = []
+        return out
+
+    def _probe_failed(self, n: int, ts: float, line: str) -> list[GpuEvent]:
+        head = f"the NVIDIA probe routine failed for {n} device(s)"
+        out = [self._lost(pci, ts, f"{head}: {why}", f"{raw}\n{line}") for pci, why, raw in self._bad_bar]
+        recent79 = any(abs(ts - t) <= XID79_DEDUPE_S for t in self._last79.values())
+        if len(self._bad_bar) < n and not recent79:
+            out.append(self._lost(None, ts, f"{head} ({n - len(self._bad_bar)} not named in the log)", line))
+        self._bad_bar = []
+        return out
+
+    def _driver_lines(self, body: str, line: str, default_ts: float) -> list[GpuEvent] | None:
+        """Events of the bind/probe messages; None when ``body`` is none of them."""
+        if m := _GPU_UUID_RE.search(body):
+            if (pci := _pci(m["pci"])) is not None:
+                self._uuids[pci] = m["uuid"]
+            return []
+        if m := _UNBOUND_RE.search(body):
+            pci = _pci(m["pci"] or m["pci2"])
+            why = f"GPU already bound to {m['drv']}" if m["drv"] else "legacy GPU ignored by this driver"
+            self._unbound.append((pci, why, line))
+            return []
+        if m := _PROBE_SUMMARY_RE.search(body):
+            return self._probe_summary(int(m["n"]), _ts_of(body[: m.start()], default_ts, self.year, self.tz), line)
+        if m := _BAR_INVALID_RE.search(body):
+            if (pci := _pci(m["pci"])) is not None:
+                self._bad_bar.append((pci, f"PCI I/O region BAR{m['bar']} assigned to the GPU is invalid", line))
+            return []
+        if m := _PROBE_FAILED_RE.search(body):
+            return self._probe_failed(int(m["n"]), _ts_of(body[: m.start()], default_ts, self.year, self.tz), line)
+        if _NO_PROBE_RE.search(body):
+            self._unbound = []  # the closing line of the summary above
+            self._bad_bar = []
+            return []
+        if m := _INIT_FAIL_RE.search(body):
+            ts = _ts_of(body[: m.start()], default_ts, self.year, self.tz)
+            pci = _pci(m["pci"])
+            return [self._lost(pci, ts, f"driver could not initialise the GPU: {m['what'].strip()}", line)]
+        return None
 
     def feed(self, line: str, default_ts: float) -> list[GpuEvent]:
         """Events completed by ``line`` (0, 1, or 2 when it also ends a dangling multi-line message)."""
@@ -544,6 +796,8 @@ class KernelLogParser:
                 if len(self._pending) < self.max_lines:
                     return []
             self._pending = []  # not the message we waited for
+        if "NVRM:" in body and "Xid" not in body and (drv := self._driver_lines(body, line, default_ts)) is not None:
+            return out + drv
         if m := _OFF_BUS_START_RE.search(body):
             ts = _ts_of(body[: m.start()], default_ts, self.year, self.tz)
             if _OFF_BUS_TEXT in body:
@@ -555,10 +809,14 @@ class KernelLogParser:
             ts = _ts_of(body[: m2.start()], default_ts, self.year, self.tz)
             ev = self._off_bus([line], _pci(m2["pci"]), ts)
             return out + ([ev] if ev else [])
-        ev2 = parse_kernel_log_line(line, self.node, default_ts, self.year, source=self.source, tz=self.tz)
+        ev2 = parse_kernel_log_line(
+            line, self.node, default_ts, self.year, source=self.source, tz=self.tz, severities=self.severities
+        )
         if ev2 is not None:
             if ev2.kind is EventKind.XID and ev2.code == 79 and self._dup79(ev2.pci_bus_id, ev2.ts):
                 return out
+            if ev2.pci_bus_id and ev2.gpu_uuid is None and (uuid := self._uuids.get(ev2.pci_bus_id)):
+                ev2 = ev2.model_copy(update={"gpu_uuid": uuid})
             out.append(ev2)
         return out
 
@@ -571,12 +829,14 @@ class KernelLogParser:
 
 
 def parse_kmsg(text: str) -> list[GpuEvent]:
-    """``gpuwarden parse kmsg``: every XID/SXID event of a kernel log (dmesg with any time
-    format, ``journalctl -k``, ``/var/log/kern.log``, raw ``/dev/kmsg`` records).
+    """Every XID/SXID/lost-GPU event of a kernel log, NVIDIA driver r340 .. 595 (dmesg with any
+    time format, ``journalctl -k``, ``/var/log/kern.log``, raw ``/dev/kmsg`` records).
 
     Node is ``"-"`` (unknown); lines without a readable date (monotonic ``[ 12.3]``, raw
     records) get ts 0.0; syslog stamps, which print no year, are read in the current year.
-    Multi-line messages are joined (:class:`KernelLogParser`).
+    Multi-line messages are joined (:class:`KernelLogParser`); each XID event carries the
+    severity of its code in the XID catalog (:func:`xid_severities`; none when the detector's
+    catalog is not installed). Reads the NVIDIA driver r340 .. 595 messages.
 
     Raises:
         ValueError: ``text`` contains NUL bytes (binary data, not a log).
@@ -584,4 +844,5 @@ def parse_kmsg(text: str) -> list[GpuEvent]:
     if "\x00" in text:
         raise ValueError("kernel log: binary data (NUL bytes), not a text log")
     year = datetime.now(UTC).year
-    return KernelLogParser("-", source="file", year=year).feed_lines(text.splitlines(), 0.0)
+    parser = KernelLogParser("-", source="file", year=year, severities=xid_severities())
+    return parser.feed_lines(text.splitlines(), 0.0)

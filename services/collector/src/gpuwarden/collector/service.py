@@ -15,6 +15,7 @@ from typing import Any
 
 import hostlist
 from prometheus_client import Counter, Gauge, Histogram
+from pydantic import BaseModel
 
 from gpuwarden.shared.bus import Producer, Publisher
 from gpuwarden.shared.service import Service
@@ -62,6 +63,7 @@ def _nvml_source(settings: CollectorSettings) -> Source:
         kernel_log=reader,
         event_watcher=watcher,
         dedupe=EventDeduper() if watcher is not None else None,
+        nvlink_every=settings.collector_nvlink_every or 1,
     )
 
 
@@ -79,7 +81,8 @@ def _simulated_source(settings: CollectorSettings) -> Source:
 
     assert settings.collector_scenario is not None
     scenario = load_scenario(settings.collector_scenario)
-    return SimulatedSource.for_hostlist(scenario, ScenarioClock.from_env(), settings.collector_nodes)
+    kw = {"nvlink_every": settings.collector_nvlink_every} if settings.collector_nvlink_every else {}
+    return SimulatedSource.for_hostlist(scenario, ScenarioClock.from_env(), settings.collector_nodes, **kw)
 
 
 def build_source(settings: CollectorSettings) -> Source:
@@ -140,22 +143,53 @@ class CollectorService(Service):
             registry=r,
         )
         self.m_buffered = Gauge("gpuwarden_collector_buffered", "Messages waiting in the outage buffer", registry=r)
+        self.m_delivery_failures = Counter(
+            "gpuwarden_collector_delivery_failures",
+            "Deliveries that failed or expired (the message went back to the outage buffer), by topic",
+            ["topic"],
+            registry=r,
+        )
         self.outbox = Outbox(
-            self.publish,
+            self._deliver,
             max_messages=settings.collector_buffer_messages,
             spool=settings.collector_spool,
             on_drop=lambda topic, n: self.m_dropped.labels(topic).inc(n),
+            on_failure=lambda topic, n: self.m_delivery_failures.labels(topic).inc(n),
         )
+
+    async def _deliver(self, topic: str, key: str | None, value: BaseModel) -> Any:
+        """Queue one message; returns its delivery future when the producer tracks deliveries
+        (the outbox re-queues it if the broker does not confirm it)."""
+        send = getattr(self.producer, "send", None)
+        if send is not None:
+            return await send(topic, key, value)
+        await self.producer.publish(topic, key, value)
+        return None
 
     async def on_start(self) -> None:
         self.spawn(self.run_loop(), "collect")
 
     async def on_stop(self) -> None:
+        """Wait for the messages in flight (they stay in the spool if not confirmed), close the source."""
+        await self.outbox.settle(self.cs.collector_stop_timeout_s)
+        self.m_buffered.set(self.outbox.pending)
         await self.source.close()
 
     def health(self) -> dict[str, Any]:
+        """Health plus source, ticks, and the outbox: ``degraded`` while deliveries fail
+        (``buffered`` messages waiting, ``dropped`` per topic, delivery ``failures``)."""
         h = super().health()
-        h.update(source=self.source.name, ticks=self.ticks, finished=self.finished.is_set())
+        h.update(
+            source=self.source.name,
+            ticks=self.ticks,
+            finished=self.finished.is_set(),
+            buffered=self.outbox.pending,
+            dropped=dict(self.outbox.dropped),
+            delivery_failures=self.outbox.failures,
+        )
+        if h["status"] == "ok" and self.outbox.degraded:
+            h["status"] = "degraded"
+            h["broker"] = "unreachable"
         return h
 
     async def _measured(self, call: str, fn: Callable[[], Awaitable[list[Any]]]) -> list[Any]:
@@ -176,8 +210,9 @@ class CollectorService(Service):
         """One round: collect and publish samples, then events. Returns (samples, events) published.
 
         Source errors are counted and logged, never raised. Publish failures (broker
-        unreachable) buffer the messages in :attr:`outbox` (bounded, optional spool, replayed in
-        order on a later tick; drops counted in ``gpuwarden_collector_dropped_total{topic}``).
+        unreachable) buffer the messages in :attr:`outbox` (bounded, optional spool, replayed on
+        a later tick, events first; drops counted in ``gpuwarden_collector_dropped_total{topic}``,
+        failed deliveries in ``gpuwarden_collector_delivery_failures_total{topic}``).
         """
         samples = await self._measured("collect", self.source.collect)
         events = await self._measured("events", self.source.events)
@@ -187,12 +222,15 @@ class CollectorService(Service):
         for e in events:
             await self.outbox.submit("gpu.events", e.node, e)
             self.m_events.labels(e.kind.value).inc()
-        self.m_buffered.set(len(self.outbox.queue))
+        self.outbox.reap()
+        self.m_buffered.set(self.outbox.pending)
         self.ticks += 1
         return len(samples), len(events)
 
     async def run_loop(self) -> None:
-        """Tick until cancelled, or until a paced source has nothing more to produce."""
+        """Tick until cancelled, or until a paced source has nothing more to produce; then replay
+        what the outbox still holds (every ``collector_interval_s``, at most 1 s) until it is
+        all delivered, and only then set :attr:`finished`."""
         interval = self.cs.collector_interval_s
         nxt = time.time()
         while True:
@@ -200,6 +238,7 @@ class CollectorService(Service):
                 due = self.source.next_due()
                 if due is None:
                     log.info("source %s finished after %d ticks", self.source.name, self.ticks)
+                    await self.drain_outbox(min(interval, 1.0))
                     self.finished.set()
                     return
             else:
@@ -209,3 +248,16 @@ class CollectorService(Service):
                 await self._sleep(delay)
             await self.tick()
             nxt = max(nxt + interval, time.time() - interval)  # no bursts after a stall
+
+    async def drain_outbox(self, every_s: float) -> None:
+        """Replay the outbox every ``every_s`` s until nothing is pending (a source that ended
+        with a backlog: no tick would replay it). Returns at once when nothing is pending."""
+        if self.outbox.pending:
+            log.info("outbox: %d messages pending after the last tick; replaying them", self.outbox.pending)
+        while True:
+            self.outbox.reap()
+            await self.outbox.flush()
+            self.m_buffered.set(self.outbox.pending)
+            if not self.outbox.pending:
+                return
+            await self._sleep(every_s)

@@ -47,8 +47,17 @@ class CollectorSettings(ServiceSettings):
     collector_nvml_events: bool = Field(
         True, description="nvml: also watch NVML XID/ECC events (deduplicated against the kernel log)"
     )
+    collector_nvlink_every: int | None = Field(
+        None,
+        ge=1,
+        description="nvml/simulated: read NVLink state and error counters every Nth tick, nvlinks absent on the "
+        "others (default: 1 for nvml, 5 for simulated)",
+    )
     collector_buffer_messages: int = Field(
         10_000, ge=1, description="Messages kept while the broker is unreachable (oldest dropped beyond, counted)"
+    )
+    collector_stop_timeout_s: float = Field(
+        10.0, ge=0, description="On stop, how long to wait for messages in flight to be confirmed, s"
     )
     collector_spool: Path | None = Field(
         None, description="Optional file spooling the outage buffer (JSON lines), replayed after a restart"

@@ -25,7 +25,18 @@ from gpuwarden.shared.scenario import Fault, Scenario, ScenarioClock
 
 from .sources import NVML_ERROR_GPU_IS_LOST, THROTTLE_BITS, NvmlSource, default_collector_id
 
-__all__ = ["HGX_H100_PCI", "FakeNvml", "KernelLogGenerator", "SimulatedSource", "xid_line"]
+__all__ = [
+    "HGX_H100_PCI",
+    "FakeNvml",
+    "GpuOffsets",
+    "JobTiming",
+    "KernelLogGenerator",
+    "SimulatedSource",
+    "gpu_offsets",
+    "job_timing",
+    "logger_gaps",
+    "xid_line",
+]
 
 HGX_H100_PCI = [
     "0000:18:00.0",
@@ -191,6 +202,107 @@ def _job_hash(job_id: str) -> int:
     return int(hashlib.sha256(job_id.encode()).hexdigest()[:8], 16)
 
 
+# Working set (MiB) a job of each profile holds once loaded.
+_WORKING_SET_MIB = {
+    "training": 71680.0,
+    "checkpoint-heavy": 71680.0,
+    "memory-leak": 30720.0,
+    "inference": 40960.0,
+    "input-bound": 61440.0,
+    "low-tensor": 51200.0,
+    "comm-bound": 51200.0,
+    "partial-idle": 71680.0,
+}
+_TRAINING_LIKE = {"training", "checkpoint-heavy", "memory-leak", "low-tensor", "comm-bound", "partial-idle"}
+
+
+@dataclass(frozen=True)
+class JobTiming:
+    """A job's schedule, fixed by (scenario seed, job id, profile); all values in seconds.
+
+    * ``startup_s`` - start-up phase (60-240 s: allocated, model loading, util 0-5 %); 0 for a
+      job with ``start_s`` 0, which was already running when the scenario began.
+    * ``step_s`` - synchronous training step (8-12 s).
+    * ``ckpt_every_s`` / ``ckpt_len_s`` / ``ckpt_phase_s`` - checkpoint period, length and offset
+      of the first one from the end of start-up: ``training`` 420-720 / 10-30 s, ``checkpoint-heavy``
+      60-120 / 15-45 s; ``ckpt_per_node`` - rank 0 of every node writes (else global rank 0 only).
+    * ``eval_every_s`` / ``eval_len_s`` / ``eval_phase_s`` - evaluation pauses (training only):
+      every 900-1500 s for 10-30 s.
+    * ``stagger_s`` - training-like jobs only: the upper half of the job's GPUs on each node
+      finish this long before ``end_s`` (0 for most jobs, else 20-60 s).
+    * ``comm_period_s`` - ``comm-bound``: one compute second per 4-7 s period (gloo-like).
+    """
+
+    startup_s: float
+    step_s: int
+    ckpt_every_s: float
+    ckpt_len_s: float
+    ckpt_phase_s: float
+    ckpt_per_node: bool
+    eval_every_s: float
+    eval_len_s: float
+    eval_phase_s: float
+    stagger_s: float
+    comm_period_s: int
+
+
+def job_timing(seed: int, job_id: str, profile: str, start_s: float) -> JobTiming:
+    """The :class:`JobTiming` of job ``job_id`` (profile ``profile``, starting at scenario
+    second ``start_s``) in a scenario with ``seed``; deterministic."""
+    r = random.Random(f"{seed}/{job_id}/timing")
+    startup = r.uniform(60, 240)
+    heavy = profile == "checkpoint-heavy"
+    every = r.uniform(60, 120) if heavy else r.uniform(420, 720)
+    length = r.uniform(15, 45) if heavy else r.uniform(10, 30)
+    phase = r.uniform(0, every)
+    per_node = r.random() < 0.5
+    ev_every, ev_len = r.uniform(900, 1500), r.uniform(10, 30)
+    ev_phase = r.uniform(0, ev_every)
+    stagger = r.uniform(20, 60) if r.random() < 0.3 else 0.0
+    return JobTiming(
+        startup_s=startup if start_s > 0 else 0.0,
+        step_s=8 + _job_hash(job_id) % 5,
+        ckpt_every_s=every,
+        ckpt_len_s=min(length, every / 2),
+        ckpt_phase_s=phase,
+        ckpt_per_node=per_node,
+        eval_every_s=ev_every,
+        eval_len_s=ev_len,
+        eval_phase_s=ev_phase,
+        stagger_s=stagger if profile in _TRAINING_LIKE else 0.0,
+        comm_period_s=4 + r.randrange(4),
+    )
+
+
+@dataclass(frozen=True)
+class GpuOffsets:
+    """Stable per-GPU differences of one node (index = GPU): ``power_scale`` (x0.90-1.10 of the
+    profile's power), ``temp_c`` (C added to the modelled temperature: -3..+6, the node's hot GPU
+    +12..+20), ``busy_sm_mhz`` (the GPU's busy SM clock, 1800-1980 MHz), ``sbe`` / ``pcie_replays``
+    (constant counts a GPU already carries: most 0, some a few), ``hot`` (the hot GPU, or None)."""
+
+    power_scale: tuple[float, ...]
+    temp_c: tuple[float, ...]
+    busy_sm_mhz: tuple[float, ...]
+    sbe: tuple[int, ...]
+    pcie_replays: tuple[int, ...]
+    hot: int | None
+
+
+def gpu_offsets(seed: int, node: str, gpus: int) -> GpuOffsets:
+    """The :class:`GpuOffsets` of ``node`` (``gpus`` GPUs) in a scenario with ``seed``; deterministic."""
+    r = random.Random(f"{seed}/{node}/offsets")
+    power = tuple(1 + r.choice((-1, 1)) * r.uniform(0.02, 0.10) for _ in range(gpus))
+    temp = [r.uniform(-3, 6) for _ in range(gpus)]
+    hot = r.randrange(gpus) if r.random() < 0.5 else None
+    if hot is not None:
+        temp[hot] = r.uniform(12, 20)
+    clocks = tuple(float(H100_MAX_SM_MHZ - r.uniform(0, 180)) for _ in range(gpus))
+    sbe = tuple(r.choice((1, 2, 3, 7, 12)) if r.random() < 0.25 else 0 for _ in range(gpus))
+    replays = tuple(r.randrange(1, 60) if r.random() < 0.2 else 0 for _ in range(gpus))
+    return GpuOffsets(power, tuple(temp), clocks, sbe, replays, hot)
+
+
 class FakeNvml:
     """In-memory NVML of ONE simulated node, with the nvidia-ml-py call names and units.
 
@@ -198,21 +310,37 @@ class FakeNvml:
     scenario second) follows the scenario's jobs (profile per GPU) and faults. Noise comes
     from an RNG seeded with (scenario seed, node, gpu, tick), so two runs agree exactly.
 
+    Realism in every profile (values from the recordings in ``shared/realdata``): stable per-GPU
+    offsets (:func:`gpu_offsets`: power x0.90-1.10, temperature -3..+6 C and in half the seeds
+    one hot GPU per node at +12..+20 C, busy SM clock 1800-1980 MHz with +/-30 MHz jitter, on
+    some GPUs constant non-zero correctable-ECC and PCIe replay counts); per job a schedule
+    (:func:`job_timing`): a start-up phase for a job that starts after scenario second 0
+    (60-240 s: allocated at ~17 MiB, then memory ramps to the working set, util 0-5 %,
+    ~70-120 W), checkpoints, evaluation pauses and, for some jobs, a staggered end.
+
     Job profiles (HGX H100 values; the raw signal only):
 
     * ``training`` - synchronous data-parallel steps of 8-12 s (per job, all its GPUs in
-      phase): compute (util 94-100 %, 600-690 W, tensor 55-75 %), a 1 s step-boundary dip
+      phase): compute (util 90-100 %, 560-630 W, tensor 55-75 %), a 1 s step-boundary dip
       (util 55-75 %, ~330 W) and a 2 s NCCL all-reduce phase (util stays 97-100 %: the
-      communication kernels occupy the SMs, but power ~420 W, tensor < 5 %).
-    * ``inference`` - bursty: per GPU and 5 s window a burst (util 55-90 %) or a lull (5-25 %).
+      communication kernels occupy the SMs, but power ~420 W, tensor < 5 %). A checkpoint every
+      7-12 min for 10-30 s: rank 0 (of each node, or global rank 0 only, per job) writes at
+      2-8 % util / ~150 W while the other ranks spin in the next collective at 99-100 % util,
+      ~145-185 W, tensor 0. An evaluation pause every 15-25 min for 10-30 s: every GPU at
+      2-15 % util, ~110-160 W.
+    * ``inference`` - really bursty serving, per job (all its GPUs together): per 30 s slot a
+      burst with probability 0.3, of 2-8 s or (1 in 5) 10-25 s, at util 60-100 %, ~330-450 W;
+      in between util 0, 60-80 W, idle clocks, the model (40 GiB) kept: busy ~5-10 % of the time.
+    * ``comm-bound`` - gloo-like data parallel: one compute second (util 85-100 %, ~430 W) per
+      4-7 s, the rest waiting on the host (util 4-12 %, ~130 W): ~20-35 % util on average.
     * ``input-bound`` - the GPU waits for data: duty 15-40 % per second, power to match,
       high PCIe RX.
-    * ``checkpoint-heavy`` - training, but the last 15 s of every 120 s (from the job start)
-      are an all-GPU pause (util 0, ~120 W, idle clocks, memory kept).
+    * ``checkpoint-heavy`` - training with the checkpoint signature above every 60-120 s for
+      15-45 s (the ckpt100 recording: ~16 s every ~40 s).
     * ``idle`` - allocated, unused: 0 %, ~70 W, idle clocks, ``gpu_idle`` reason, ~0.5 GiB.
     * ``partial-idle`` - the upper half of the job's GPUs on the node idle, the rest training.
-    * ``memory-leak`` - training whose memory grows 200 MiB/s from 30 GiB up to 256 MiB short
-      of the total.
+    * ``memory-leak`` - training whose memory grows 15 MiB/s (900 MiB/min) from 30 GiB after the
+      start-up phase, up to 256 MiB short of the total (full in ~56 min).
     * ``low-tensor`` - SMs busy (util 95-100 %, occupancy 35-55 %) but tensor activity 1-5 %.
 
     Faults (only raw telemetry and, via :class:`KernelLogGenerator`, log lines):
@@ -231,16 +359,17 @@ class FakeNvml:
     * ``thermal-throttle`` - temperature 87-89 C (slowdown 89 C), ``sw_thermal_slowdown``,
       SM clock falling from 75 % to 55 % of max over 25 s, power -25 %.
     * ``power-brake`` - ``hw_slowdown`` + ``hw_power_brake_slowdown``, SM <= 810 MHz, <= 320 W.
-    * ``power-cap`` - ``sw_power_cap``, 690-700 W at the 700 W limit, SM <= 1410 MHz.
-    * ``clocks-low`` - SM clock x speed with no throttle reason.
+    * ``power-cap`` - ``sw_power_cap``, 690-700 W at the 700 W limit, SM <= 1410 MHz (with
+      ``factor``: the GPU's busy SM clock x factor, a legit cap such as 0.8).
+    * ``clocks-low`` - SM clock x speed with no throttle reason; power x (0.4 + 0.6 x speed).
     * ``straggler-gpu`` / ``straggler-node`` - util, SM clock and power x speed (see
       :func:`_speed`; ``factor`` 0.6 or 1.67 both mean 60 % speed).
     * ``collective-hang`` - every GPU of every job holding the fault's node (or GPU) at
       ``at_s``, on all that job's nodes: util 100 %, ~115 W, memory util 0, tensor 0.
     * ``zombie-process`` - on a GPU without a job: a compute process with ~60 GiB, ~90 W.
     * ``telemetry-silent`` - handled by :class:`SimulatedSource` (no samples).
-    * ``health-check-fail`` - nothing here: a failing health check shows in the health
-      checker's own results, not in NVML telemetry or the kernel log.
+    * ``health-check-fail`` - nothing here: the node's fake ``dcgmi diag`` fails
+      (:mod:`gpuwarden.health_check.sim`); NVML telemetry and the kernel log stay as they are.
     """
 
     NVMLError = pynvml.NVMLError
@@ -261,6 +390,8 @@ class FakeNvml:
         self._jobs: list[tuple[int, float, float, str, list[int], str]] = []
         jobs = {str(j.id): j for j in scenario.jobs}
         alloc = scenario.allocations()
+        self._timing: dict[str, JobTiming] = {}
+        self._writers: dict[str, set[int]] = {}  # job -> GPUs of this node that write checkpoints
         for job_id, per in alloc.items():
             j = jobs[job_id]
             gl = per.get(node)
@@ -269,6 +400,12 @@ class FakeNvml:
             end = j.end_s if j.end_s is not None else float("inf")
             for g in gl:
                 self._jobs.append((g, j.start_s, end, j.profile, gl, job_id))
+            tm = job_timing(scenario.seed, job_id, j.profile, j.start_s)
+            self._timing[job_id] = tm
+            first = next(n for n in j.node_list() if n in per)
+            self._writers[job_id] = {gl[0]} if gl and (tm.ckpt_per_node or node == first) else set()
+        self.offsets = gpu_offsets(scenario.seed, node, self.gpus)
+        self._bursts: dict[tuple[str, int], tuple[float, float]] = {}
         # collective hangs: (fault, GPUs of this node in a job the fault's node/GPU held at at_s)
         self._hangs: list[tuple[Fault, set[int]]] = []
         for f in scenario.faults:
@@ -324,6 +461,25 @@ class FakeNvml:
             % 3_990_000
         )
 
+    def _burst(self, job_id: str, t_rel: float) -> bool:
+        """Inference: whether job ``job_id`` serves a burst at ``t_rel`` s into its run. Per 30 s
+        slot, a burst with probability 0.3, of 2-8 s (80 %) or 10-25 s (20 %): busy ~7 % of the time."""
+        k = int(t_rel // 30)
+        hit = self._bursts.get((job_id, k))
+        if hit is None:
+            r = random.Random(f"{self.scenario.seed}/{job_id}/burst/{k}")
+            if r.random() < 0.3:
+                length = r.uniform(2, 8) if r.random() < 0.8 else r.uniform(10, 25)
+                b0 = k * 30 + r.uniform(0, 30 - length)
+                hit = (b0, b0 + length)
+            else:
+                hit = (-1.0, -1.0)
+            self._bursts[(job_id, k)] = hit
+        return hit[0] <= t_rel < hit[1]
+
+    def _busy_mhz(self, gpu: int, rng: random.Random) -> float:
+        return min(float(H100_MAX_SM_MHZ), self.offsets.busy_sm_mhz[gpu] + rng.uniform(-30, 30))
+
     def _profile(
         self,
         profile: str | None,
@@ -333,63 +489,83 @@ class FakeNvml:
         rng: random.Random,
     ) -> _Gpu:
         u = rng.uniform
-        if job is not None and profile == "partial-idle":
+        if job is None or profile is None:  # no job
+            s = _Gpu(0.0, 0.0, 0.0, 0, u(62, 72), IDLE_SM_MHZ, _BIT["gpu_idle"])
+            s.power_w *= self.offsets.power_scale[gpu]
+            s.temp = 28 + s.power_w * 0.055 + self.offsets.temp_c[gpu] + u(-0.5, 0.5)
+            return s
+        tm = self._timing[job[5]]
+        t_rel = t - job[1]
+        if profile == "partial-idle":
             profile = "idle" if job[4].index(gpu) >= (len(job[4]) + 1) // 2 else "training"
-        if job is not None and profile == "checkpoint-heavy":
-            profile = "stall" if (t - job[1]) % 120 >= 105 else "training"
-        if profile in {"training", "memory-leak"} and job is not None:
-            period = 8 + _job_hash(job[5]) % 5
-            k = int(t - job[1]) % period
-            if k == 0:  # step boundary: optimizer step, next batch
-                s = _Gpu(u(55, 75), u(20, 30), 0, 0, u(290, 370), H100_MAX_SM_MHZ, 0, u(10, 25), u(20, 35))
-            elif k >= period - 2:  # NCCL all-reduce: SMs busy with communication kernels
-                s = _Gpu(u(97, 100), u(15, 25), 0, 0, u(380, 460), H100_MAX_SM_MHZ, 0, u(0, 5), u(8, 15))
-            else:
-                s = _Gpu(u(94, 100), u(40, 60), 0, 0, u(600, 690), H100_MAX_SM_MHZ, 0, u(55, 75), u(45, 65))
-            s.mem_used_mib = 71680 + u(-1024, 1024)
-            if profile == "memory-leak":
-                s.mem_used_mib = min(H100_MEMORY_MIB - 256, 30720 + 200 * (t - job[1]))
-        elif profile == "inference" and job is not None:
-            burst = random.Random(f"{self.scenario.seed}/{self.node}/{gpu}/burst/{int(t // 5)}").random() < 0.45
-            util = u(55, 90) if burst else u(5, 25)
+        working = _WORKING_SET_MIB.get(profile, 71680.0)
+        steady = t_rel - tm.startup_s  # seconds since the start-up phase ended
+        busy = self._busy_mhz(gpu, rng)
+        if profile == "idle":  # allocated but unused: a little memory, idle clocks
+            s = _Gpu(0.0, 0.0, 512 + u(0, 64), 0, u(68, 75), IDLE_SM_MHZ, _BIT["gpu_idle"])
+        elif steady < 0:  # start-up: allocated, then the model loads (memory ramps), util 0-5 %
+            frac = t_rel / tm.startup_s
+            ramp = min(1.0, max(0.0, (frac - 0.25) / 0.75))
+            util = u(0, 5) if ramp > 0 and rng.random() < 0.3 else 0.0
             s = _Gpu(
                 util,
-                util * 0.4,
-                40960 + u(-512, 512),
+                util * 0.3,
+                17 + ramp * working,
                 0,
-                120 + util * 4.5 + u(-10, 10),
-                H100_MAX_SM_MHZ,
-                0,
-                util * 0.45,
-                util * 0.4,
+                u(70, 80) + 40 * ramp,
+                busy if ramp > 0 else IDLE_SM_MHZ,
+                0 if ramp > 0 else _BIT["gpu_idle"],
             )
+        elif tm.stagger_s and t >= job[2] - tm.stagger_s and job[4].index(gpu) >= len(job[4]) // 2:
+            s = _Gpu(0.0, 0.0, 17 + u(0, 8), 0, u(68, 80), IDLE_SM_MHZ, _BIT["gpu_idle"])  # finished early
+        elif profile in {"training", "memory-leak", "checkpoint-heavy"} and (
+            (steady - tm.ckpt_phase_s) % tm.ckpt_every_s < tm.ckpt_len_s and steady >= tm.ckpt_phase_s
+        ):
+            # checkpoint: rank 0 writes (low util); the other ranks spin in the next collective
+            if gpu in self._writers[job[5]]:
+                s = _Gpu(u(2, 8), u(0, 3), working + u(-1024, 1024), 0, u(135, 160), busy, 0, u(0, 2), u(1, 3))
+            else:
+                s = _Gpu(u(99, 100), u(0, 2), working + u(-1024, 1024), 0, u(145, 185), busy, 0, 0.0, u(1, 3))
+        elif profile in {"training", "memory-leak"} and (
+            (steady - tm.eval_phase_s) % tm.eval_every_s < tm.eval_len_s and steady >= tm.eval_phase_s
+        ):  # evaluation pause: every GPU of the job at low util
+            s = _Gpu(u(2, 15), u(2, 8), working + u(-1024, 1024), 0, u(110, 160), busy, 0, u(0, 3), u(3, 8))
+        elif profile in {"training", "memory-leak", "checkpoint-heavy"}:
+            k = int(steady) % tm.step_s
+            if k == 0:  # step boundary: optimizer step, next batch
+                s = _Gpu(u(55, 75), u(20, 30), 0, 0, u(290, 370), busy, 0, u(10, 25), u(20, 35))
+            elif k >= tm.step_s - 2:  # NCCL all-reduce: SMs busy with communication kernels
+                s = _Gpu(u(97, 100), u(15, 25), 0, 0, u(380, 460), busy, 0, u(0, 5), u(8, 15))
+            else:
+                s = _Gpu(u(90, 100), u(40, 60), 0, 0, u(560, 630), busy, 0, u(55, 75), u(45, 65))
+            s.mem_used_mib = working + u(-1024, 1024)
+        elif profile == "comm-bound":  # gloo-like: one compute second per period, then waits on the CPU
+            if int(steady) % tm.comm_period_s == 0:
+                s = _Gpu(u(85, 100), u(30, 45), 0, 0, u(380, 480), busy, 0, u(40, 60), u(35, 50))
+            else:
+                s = _Gpu(u(4, 12), u(1, 4), 0, 0, u(115, 150), busy, 0, u(0, 3), u(2, 6))
+            s.mem_used_mib = working + u(-512, 512)
+        elif profile == "inference":  # bursty serving: mostly idle with the model loaded
+            if self._burst(job[5], t_rel):
+                util = u(60, 100)
+                s = _Gpu(util, util * 0.5, 0, 0, 150 + util * 3.0 + u(-20, 20), busy, 0, util * 0.45, util * 0.4)
+            else:
+                s = _Gpu(u(0, 1) if rng.random() < 0.1 else 0.0, 0.0, 0, 0, u(60, 80), IDLE_SM_MHZ, _BIT["gpu_idle"])
+            s.mem_used_mib = working + u(-512, 512)
         elif profile == "input-bound":
             duty = u(0.15, 0.40)
-            s = _Gpu(
-                duty * 100,
-                duty * 30,
-                61440 + u(-512, 512),
-                0,
-                110 + duty * 550,
-                H100_MAX_SM_MHZ,
-                0,
-                duty * 60,
-                duty * 50,
-            )
+            s = _Gpu(duty * 100, duty * 30, working + u(-512, 512), 0, 110 + duty * 550, busy, 0, duty * 60, duty * 50)
             s.pcie_rx_factor = 2500.0
         elif profile == "low-tensor":
-            s = _Gpu(
-                u(95, 100), u(10, 20), 51200 + u(-512, 512), 0, u(240, 300), H100_MAX_SM_MHZ, 0, u(1, 5), u(35, 55)
-            )
-        elif profile == "stall":  # checkpoint write: no kernels, memory kept, clocks drop to idle
-            s = _Gpu(0.0, u(0, 2), 71680 + u(-1024, 1024), 0, u(110, 130), IDLE_SM_MHZ, _BIT["gpu_idle"])
-        elif profile == "idle":  # allocated but unused: a little memory, idle clocks
-            s = _Gpu(0.0, 0.0, 512 + u(0, 64), 0, u(68, 75), IDLE_SM_MHZ, _BIT["gpu_idle"])
-        else:  # no job
-            s = _Gpu(0.0, 0.0, 0.0, 0, u(65, 75), IDLE_SM_MHZ, _BIT["gpu_idle"])
-        s.temp = 26 + s.power_w * 0.06 + u(0, 3)  # ~30 C idle, ~66 C at 650 W
-        if s.util > 0 and job is not None:
-            s.procs = [(self._pid(gpu, job[5]), max(s.mem_used_mib - 512, 0.0))]
+            s = _Gpu(u(95, 100), u(10, 20), working + u(-512, 512), 0, u(240, 300), busy, 0, u(1, 5), u(35, 55))
+        else:  # pragma: no cover - PROFILES is validated by the scenario
+            raise ValueError(f"unknown profile {profile!r}")
+        if profile == "memory-leak" and steady >= 0:
+            s.mem_used_mib = min(H100_MEMORY_MIB - 256, 30720 + 15 * steady)  # 900 MiB/min: full in ~56 min
+        s.power_w = min(s.power_w * self.offsets.power_scale[gpu], H100_POWER_LIMIT_W - 5)  # below the cap
+        s.temp = 28 + s.power_w * 0.055 + self.offsets.temp_c[gpu] + u(-0.5, 0.5)  # ~33 C idle, ~64 C at 650 W
+        if s.mem_used_mib > 1024:  # the job's process holds the memory (also while it waits)
+            s.procs = [(self._pid(gpu, job[5]), s.mem_used_mib - 512)]
         return s
 
     def _compute(self, gpu: int, t: float) -> _Gpu:
@@ -408,9 +584,11 @@ class FakeNvml:
                 s.util *= speed
                 s.power_w *= speed
                 s.tensor *= speed
+            else:  # the SMs stay busy, but a GPU at a low clock draws less (dynamic power ~ f)
+                s.power_w *= 0.4 + 0.6 * speed
         if any(gpu in hung and f.active(t) for f, hung in self._hangs) and s.util > 0:
             s.util, s.power_w, s.mem_util, s.tensor, s.occupancy = 100.0, u(105, 125), 0.0, 0.0, u(1, 3)
-            s.sm_mhz = H100_MAX_SM_MHZ
+            s.sm_mhz = self._busy_mhz(gpu, rng)
         if since := self._active(t, gpu, "thermal-throttle"):
             dt = t - since.at_s
             s.reasons |= _BIT["sw_thermal_slowdown"]
@@ -421,14 +599,14 @@ class FakeNvml:
             s.reasons |= _BIT["hw_slowdown"] | _BIT["hw_power_brake_slowdown"]
             s.sm_mhz = min(s.sm_mhz, 810)
             s.power_w = min(s.power_w, u(280, 320))
-        if self._active(t, gpu, "power-cap"):
+        if f := self._active(t, gpu, "power-cap"):
             s.reasons |= _BIT["sw_power_cap"]
-            s.sm_mhz = min(s.sm_mhz, 1410)
+            s.sm_mhz = round(self._busy_mhz(gpu, rng) * f.factor) if f.factor is not None else min(s.sm_mhz, 1410)
             s.power_w = u(690, 700)
         if s.reasons & ~_BIT["gpu_idle"]:
             s.reasons &= ~_BIT["gpu_idle"]
         s.sm_mhz = float(int(s.sm_mhz))
-        s.sbe = int(50 * self._since(t, gpu, "ecc-sbe-storm"))
+        s.sbe = self.offsets.sbe[gpu] + int(50 * self._since(t, gpu, "ecc-sbe-storm"))
         dbe = [
             f
             for f in self._faults
@@ -443,7 +621,7 @@ class FakeNvml:
             s.retired = (2, 1, True)
         elif self.page_retirement:
             s.retired = (0, len(dbe), bool(dbe))
-        s.replays = int(20 * self._since(t, gpu, "pcie-replays"))
+        s.replays = self.offsets.pcie_replays[gpu] + int(20 * self._since(t, gpu, "pcie-replays"))
         if self._active(t, gpu, "pcie-degraded"):
             s.link_gen, s.link_width = 3, 8
         if f := self._active(t, gpu, "nvlink-down"):
@@ -465,7 +643,11 @@ class FakeNvml:
     # -- NVML calls ----------------------------------------------------------------
     def _h(self, handle: Any) -> _Gpu:
         self.calls += 1
-        s = self.state(handle.index)
+        # The hot path of every fake NVML call (~130 per GPU per tick): the cached state of this
+        # scenario second without the two calls of state()/now().
+        t = self.t if self.t is not None else self.clock.scenario_s()
+        hit = self._cache.get(handle.index)
+        s = hit[1] if hit is not None and hit[0] == t else self.state(handle.index)
         if s.lost:
             raise pynvml.NVMLError(NVML_ERROR_GPU_IS_LOST)
         return s
@@ -610,7 +792,6 @@ class FakeNvml:
         return int(s.util * 300) if counter == 0 else int(s.util * s.pcie_rx_factor)  # KB/s
 
     def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:
-        self._h(handle)
         s = self._h(handle)
         if link >= NVLINKS:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
@@ -724,20 +905,50 @@ class KernelLogGenerator:
         return out
 
 
+def logger_gaps(seed: int, node: str, duration_s: float) -> list[tuple[float, float]]:
+    """Scenario-second intervals ``[start, end)`` in which ``node``'s collector skips its ticks (a
+    busy or descheduled logger, as real recordings show): half the nodes (by seed) have none; the
+    others a 1-7 s gap every 30-60 s. Deterministic; far below telemetry-silent's 30 s."""
+    r = random.Random(f"{seed}/{node}/gaps")
+    if r.random() < 0.5:
+        return []
+    out = []
+    t = r.uniform(30, 60)
+    while t < duration_s:
+        length = float(r.randint(1, 7))
+        out.append((t, t + length))
+        t += length + r.uniform(30, 60)
+    return out
+
+
+#: Default ``nvlink_every`` of the simulated collector: NVLink (90 of the ~130 fake NVML calls
+#: per GPU per tick) is read every 5th tick, which keeps a node-tick well under 1 ms.
+SIM_NVLINK_EVERY = 5
+
+
 class SimulatedSource:
     """All GPUs of the scenario's nodes (or ``nodes``), one :class:`FakeNvml` per node read
     through :class:`NvmlSource`, plus the nodes' kernel-log lines through the real parser.
 
     Each ``collect()`` is one tick: scenario second ``t`` = 0, tick_s, 2*tick_s, ... with
     event time ``clock.event_ts(t)``; ``next_due()`` gives its wall time, None after
-    ``duration_s``. A node under ``telemetry-silent`` produces no sample while it lasts.
+    ``duration_s``. A node under ``telemetry-silent`` produces no sample while it lasts, and a
+    node skips the ticks inside its :func:`logger_gaps` (no sample; its kernel-log lines still
+    come, as the kernel log is read separately).
     """
 
     name = "simulated"
 
     def __init__(
-        self, scenario: Scenario, clock: ScenarioClock, nodes: list[str] | None = None, collector_id: str | None = None
+        self,
+        scenario: Scenario,
+        clock: ScenarioClock,
+        nodes: list[str] | None = None,
+        collector_id: str | None = None,
+        nvlink_every: int = SIM_NVLINK_EVERY,
     ) -> None:
+        """``nvlink_every``: NVLink state and counters are read every this many ticks
+        (:class:`~gpuwarden.collector.sources.NvmlSource`); raises ValueError if < 1."""
         self.scenario = scenario
         self.clock = clock
         all_nodes = scenario.cluster.node_names()
@@ -753,11 +964,20 @@ class SimulatedSource:
         self.logs = {n: KernelLogGenerator(scenario, clock, n) for n in self.nodes}
         self.sources = {
             n: NvmlSource(
-                self.fakes[n], n, self._event_ts, collector_id=cid, sample_source="simulated", event_source="simulated"
+                self.fakes[n],
+                n,
+                self._event_ts,
+                collector_id=cid,
+                sample_source="simulated",
+                event_source="simulated",
+                nvlink_every=nvlink_every,
             )
             for n in self.nodes
         }
         self._pending: list[GpuEvent] = []
+        self.gaps = {n: logger_gaps(scenario.seed, n, scenario.duration_s) for n in self.nodes}
+        silent = [f for f in scenario.faults if f.kind == "telemetry-silent"]
+        self._silent = {n: [f for f in silent if f.node == n] for n in self.nodes}
 
     @classmethod
     def for_hostlist(cls, scenario: Scenario, clock: ScenarioClock, expr: str | None, **kw: Any) -> SimulatedSource:
@@ -780,13 +1000,13 @@ class SimulatedSource:
         t = self.t
         out = []
         for n in self.nodes:
-            fake = self.fakes[n]
-            fake.t = t
             src = self.sources[n]
-            sample = src.collect_sync()
-            silent = any(f.kind == "telemetry-silent" and f.node == n and f.active(t) for f in self.scenario.faults)
-            if not silent:
-                out.append(sample)
+            if not any(a <= t < b for a, b in self.gaps[n]):
+                fake = self.fakes[n]
+                fake.t = t
+                sample = src.collect_sync()
+                if not any(f.active(t) for f in self._silent[n]):
+                    out.append(sample)
             self._pending.extend(src.parse_lines(self.logs[n].lines(self._prev, t)))
         self._prev = t
         self.t = t + self.scenario.tick_s

@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -25,11 +26,18 @@ from gpuwarden.shared.models import GpuSample
 from .parsers import MigDevice, SmiReport, normalize_pci_bus_id
 
 __all__ = [
+    "CSV_ALIASES",
+    "CSV_SAMPLE_FIELDS",
     "CsvRow",
     "SmiError",
+    "csv_converter",
+    "csv_field_name",
+    "csv_header",
     "csv_row_to_sample",
+    "csv_value_to_field",
     "detect_smi_error",
     "parse_nvidia_smi_csv",
+    "parse_nvidia_smi_csv_records",
     "parse_nvidia_smi_csv_samples",
     "parse_nvidia_smi_q",
 ]
@@ -376,14 +384,17 @@ CsvValue = str | float | None
 @dataclass(frozen=True)
 class CsvRow:
     """One GPU row of ``--query-gpu`` CSV: ``values`` maps each query field (``memory.used``,
-    unit suffix removed) to a number (units as nvidia-smi prints them: MiB, W, MHz, %, C),
-    a string (name, uuid, pstate, pci.bus_id) or None (``[N/A]``, ``[Not Supported]``)."""
+    unit suffix removed) to a number (in MiB, W, MHz, %, C: a value printed in GiB, mW or GHz
+    is converted), a string (name, uuid, pstate, pci.bus_id) or None (``[N/A]``,
+    ``[Not Supported]``)."""
 
     values: dict[str, CsvValue]
 
 
-_UNIT_RE = re.compile(r"^(?P<name>[A-Za-z0-9_.]+)(?:\s*\[(?P<unit>[^\]]*)\])?$")
-_VAL_UNIT_RE = re.compile(r"^(?P<num>[-+]?\d+(?:\.\d+)?)\s*(?:%|MiB|W|MHz|C|KB/s|GiB|mW|s|ms)?$")
+_UNIT_RE = re.compile(r"^(?P<name>[A-Za-z][A-Za-z0-9_.]*)(?:\s*\[(?P<unit>[^\]]*)\])?$")
+_VAL_UNIT_RE = re.compile(r"^(?P<num>[-+]?\d+(?:\.\d+)?)\s*(?P<unit>%|MiB|W|MHz|C|KB/s|GiB|KiB|mW|kW|GHz|s|ms)?$")
+#: Factor from a printed unit to the unit of :class:`GpuSample` (MiB, W, MHz); others are 1.
+_UNIT_FACTOR = {"gib": 1024.0, "kib": 1 / 1024, "mw": 0.001, "kw": 1000.0, "ghz": 1000.0}
 _STRING_FIELDS = {
     "name",
     "uuid",
@@ -403,15 +414,149 @@ _STRING_FIELDS = {
     "timestamp",
 }
 
+#: Column names of custom loggers (lower-case, unit suffix dropped) -> the nvidia-smi field.
+CSV_ALIASES: dict[str, str] = {
+    "gpu_index": "index",
+    "gpu_id": "index",
+    "gpu": "index",
+    "gpu_idx": "index",
+    "idx": "index",
+    "device": "index",
+    "time": "timestamp",
+    "datetime": "timestamp",
+    "date_time": "timestamp",
+    "ts": "timestamp",
+    "temperature_c": "temperature.gpu",
+    "temperature": "temperature.gpu",
+    "temp": "temperature.gpu",
+    "temp_c": "temperature.gpu",
+    "gpu_temp": "temperature.gpu",
+    "memory_temperature_c": "temperature.memory",
+    "mem_temp": "temperature.memory",
+    "utilization_gpu_percent": "utilization.gpu",
+    "utilization_gpu": "utilization.gpu",
+    "gpu_utilization": "utilization.gpu",
+    "util": "utilization.gpu",
+    "gpu_util": "utilization.gpu",
+    "util_gpu": "utilization.gpu",
+    "utilization_memory_percent": "utilization.memory",
+    "utilization_memory": "utilization.memory",
+    "mem_util": "utilization.memory",
+    "memory_util": "utilization.memory",
+    "power_w": "power.draw",
+    "power": "power.draw",
+    "power_draw": "power.draw",
+    "power_draw_w": "power.draw",
+    "power_limit_w": "power.limit",
+    "power_limit": "power.limit",
+    "memory_used_mib": "memory.used",
+    "memory_used_mb": "memory.used",
+    "memory_used": "memory.used",
+    "mem_used": "memory.used",
+    "mem_used_mib": "memory.used",
+    "memory_total_mib": "memory.total",
+    "memory_total_mb": "memory.total",
+    "memory_total": "memory.total",
+    "mem_total": "memory.total",
+    "memory_free_mib": "memory.free",
+    "memory_free": "memory.free",
+    "mem_free": "memory.free",
+    "sm_clock_mhz": "clocks.current.sm",
+    "sm_clock": "clocks.current.sm",
+    "clock_sm": "clocks.current.sm",
+    "mem_clock_mhz": "clocks.current.memory",
+    "memory_clock_mhz": "clocks.current.memory",
+    "mem_clock": "clocks.current.memory",
+    "graphics_clock_mhz": "clocks.current.graphics",
+    "fan_speed": "fan.speed",
+    "gpu_name": "name",
+    "gpu_uuid": "uuid",
+    "bus_id": "pci.bus_id",
+    "pci_bus_id": "pci.bus_id",
+}
+#: Units a custom logger writes as a name suffix (``power_W``, ``temperature_C``): for aliases only.
+_ALIAS_UNIT_RE = re.compile(r"^(?P<base>.+?)_(?P<unit>w|c|mib|mb|mhz|percent|pct)$")
+
+
+def csv_field_name(header_cell: str) -> tuple[str, str | None] | None:
+    """The nvidia-smi field name and unit of one CSV header cell, None when the cell is no field name.
+
+    ``power.draw [W]`` -> ``("power.draw", "W")``; custom loggers' names map through
+    :data:`CSV_ALIASES` (``gpu_index`` -> ``index``, ``temperature_C`` -> ``temperature.gpu``,
+    ``power_W`` -> ``("power.draw", "W")``); other names are kept as written.
+    """
+    m = _UNIT_RE.match(header_cell.strip())
+    if m is None or _VAL_UNIT_RE.match(header_cell.strip()):
+        return None
+    name, unit = m["name"], m["unit"]
+    low = name.lower()
+    if low in CSV_ALIASES:
+        return CSV_ALIASES[low], unit
+    if (am := _ALIAS_UNIT_RE.match(low)) and (am["base"] + "_" + am["unit"]) not in CSV_ALIASES:
+        base = am["base"]
+        for cand in (base + "_" + am["unit"], base):
+            if cand in CSV_ALIASES:
+                return CSV_ALIASES[cand], unit or am["unit"]
+    return name, unit
+
+
+def csv_header(cells: list[str]) -> list[tuple[str, str | None]] | None:
+    """Field names and units of a CSV header line, None when ``cells`` is a data line.
+
+    A header is a line whose every cell is a field name and where at least one cell is a
+    dotted nvidia-smi field (``power.draw``) or a known alias (``gpu_index``, ``timestamp``).
+    """
+    out = []
+    known = False
+    for c in cells:
+        f = csv_field_name(c)
+        if f is None:
+            return None
+        known = known or "." in f[0] or f[0] in _STRING_FIELDS or f[0] in _SAMPLE_KEYS or f[0] == "index"
+        out.append(f)
+    return out if known else None
+
+
+def csv_converter(name: str, unit: str | None = None) -> Callable[[str], CsvValue]:
+    """The function reading one value of column ``name`` (header unit ``unit``): text fields
+    stay strings; numbers with or without a unit become floats in the model's units (``1.5 GiB``
+    -> 1536 MiB, ``[mW]`` -> W); ``[N/A]``, ``N/A``, ``[Not Supported]`` -> None; any other text
+    is returned as the stripped string (the caller decides whether that is an error)."""
+    if name in _STRING_FIELDS:
+        return _clean
+    hdr_factor = _UNIT_FACTOR.get((unit or "").lower(), 1.0)
+
+    def conv(raw: str) -> CsvValue:
+        v = raw.strip()
+        num, _, u = v.partition(" ")
+        try:
+            x = float(num)
+        except ValueError:
+            if v.lower() in _NA:
+                return None
+            m = _VAL_UNIT_RE.match(v)
+            if m is None:
+                return v
+            x, u = float(m["num"]), m["unit"] or ""
+        if u:
+            f = _UNIT_FACTOR.get(u.lower())
+            if f is None and _VAL_UNIT_RE.match("0 " + u) is None:
+                return v  # "12 apples": not a number with a unit
+            return x * (f if f is not None else 1.0)
+        return x * hdr_factor if hdr_factor != 1.0 else x
+
+    return conv
+
 
 def parse_nvidia_smi_csv(text: str, fields: list[str] | None = None) -> list[CsvRow] | SmiError:
     """Parse ``nvidia-smi --query-gpu=F1,F2,... --format=csv[,noheader][,nounits]`` (also
-    ``--query-compute-apps``) output into one :class:`CsvRow` per line.
+    ``--query-compute-apps``; nvidia-smi 450 .. 595) output into one :class:`CsvRow` per line.
 
-    With a header, field names come from it (``memory.used [MiB]`` -> ``memory.used``);
-    without one (``noheader``) ``fields`` must give them. Values are split on commas (nvidia-smi
-    writes ", "); numbers with or without units become floats; ``[N/A]``, ``N/A``, ``[Not
-    Supported]`` become None. Known text fields (name, uuid, pstate, ...) stay strings.
+    With a header, field names come from it (``memory.used [MiB]`` -> ``memory.used``; custom
+    loggers' names via :data:`CSV_ALIASES`); without one (``noheader``) ``fields`` must give
+    them. Values are split by the csv module (nvidia-smi writes ", "); numbers with or without
+    units become floats (:func:`csv_converter`); ``[N/A]``, ``N/A``, ``[Not Supported]`` become
+    None. Known text fields (name, uuid, pstate, ...) stay strings.
 
     Returns:
         :class:`SmiError` when the output is one of nvidia-smi's error messages.
@@ -427,100 +572,102 @@ def parse_nvidia_smi_csv(text: str, fields: list[str] | None = None) -> list[Csv
     if not lines:
         raise ValueError("nvidia-smi CSV: empty output")
     rows = list(csv.reader(io.StringIO("\n".join(lines)), skipinitialspace=True))
-    first = [c.strip() for c in rows[0]]
-    header = all(_UNIT_RE.match(c) and not _VAL_UNIT_RE.match(c) for c in first) and any("." in c for c in first)
-    if header:
-        names = []
-        for c in first:
-            hm = _UNIT_RE.match(c)
-            assert hm is not None
-            names.append(hm["name"])
-        body = rows[1:]
+    hdr = csv_header(rows[0])
+    if hdr is not None:
+        cols, body = hdr, rows[1:]
     elif fields is not None:
-        names, body = list(fields), rows
+        cols = [csv_field_name(f) or (f, None) for f in fields]
+        body = rows
     else:
         raise ValueError("nvidia-smi CSV: no header line (noheader) and no field names given")
+    names = [n for n, _ in cols]
+    convs = [csv_converter(n, u) for n, u in cols]
     out = []
-    for i, r in enumerate(body, start=2 if header else 1):
+    for i, r in enumerate(body, start=2 if hdr is not None else 1):
         if len(r) != len(names):
             raise ValueError(f"nvidia-smi CSV line {i}: {len(r)} values, header has {len(names)}")
-        vals: dict[str, CsvValue] = {}
-        for name, raw in zip(names, r, strict=True):
-            v = _clean(raw)
-            if v is None or name in _STRING_FIELDS:
-                vals[name] = v
-                continue
-            vm = _VAL_UNIT_RE.match(v)
-            vals[name] = float(vm["num"]) if vm else v
-        out.append(CsvRow(vals))
+        out.append(CsvRow({n: c(raw) for n, c, raw in zip(names, convs, r, strict=True)}))
     return out
+
+
+# GpuSample field <- the query fields read for it, first present wins; how the value is read.
+SampleKind = Literal["float", "int", "str", "pstate", "pci"]
+CSV_SAMPLE_FIELDS: tuple[tuple[str, tuple[str, ...], SampleKind], ...] = (
+    ("uuid", ("uuid", "gpu_uuid"), "str"),
+    ("pci_bus_id", ("pci.bus_id", "gpu_bus_id"), "pci"),
+    ("name", ("name", "gpu_name"), "str"),
+    ("serial", ("serial", "gpu_serial"), "str"),
+    ("vbios_version", ("vbios_version",), "str"),
+    ("utilization_gpu_pct", ("utilization.gpu",), "float"),
+    ("utilization_memory_pct", ("utilization.memory",), "float"),
+    ("memory_used_mib", ("memory.used",), "float"),
+    ("memory_total_mib", ("memory.total",), "float"),
+    ("memory_free_mib", ("memory.free",), "float"),
+    ("memory_reserved_mib", ("memory.reserved",), "float"),
+    ("temperature_c", ("temperature.gpu",), "float"),
+    ("memory_temperature_c", ("temperature.memory",), "float"),
+    ("power_w", ("power.draw", "power.draw.average", "power.draw.instant"), "float"),
+    ("power_limit_w", ("enforced.power.limit", "power.limit"), "float"),
+    ("power_management_limit_w", ("power.limit",), "float"),
+    ("sm_clock_mhz", ("clocks.current.sm", "clocks.sm"), "float"),
+    ("graphics_clock_mhz", ("clocks.current.graphics", "clocks.gr"), "float"),
+    ("memory_clock_mhz", ("clocks.current.memory", "clocks.mem"), "float"),
+    ("max_sm_clock_mhz", ("clocks.max.sm",), "float"),
+    ("max_graphics_clock_mhz", ("clocks.max.graphics", "clocks.max.gr"), "float"),
+    ("max_memory_clock_mhz", ("clocks.max.memory", "clocks.max.mem"), "float"),
+    ("performance_state", ("pstate",), "pstate"),
+    ("fan_speed_pct", ("fan.speed",), "float"),
+    ("pcie_link_gen", ("pcie.link.gen.current", "pcie.link.gen.gpucurrent"), "int"),
+    ("pcie_link_gen_max", ("pcie.link.gen.max",), "int"),
+    ("pcie_link_width", ("pcie.link.width.current",), "int"),
+    ("pcie_link_width_max", ("pcie.link.width.max",), "int"),
+    ("ecc_sbe_volatile", ("ecc.errors.corrected.volatile.total",), "int"),
+    ("ecc_dbe_volatile", ("ecc.errors.uncorrected.volatile.total",), "int"),
+    ("ecc_sbe_aggregate", ("ecc.errors.corrected.aggregate.total",), "int"),
+    ("ecc_dbe_aggregate", ("ecc.errors.uncorrected.aggregate.total",), "int"),
+)
+_SAMPLE_KEYS = frozenset(k for _, keys, _ in CSV_SAMPLE_FIELDS for k in keys)
+
+
+def csv_value_to_field(kind: SampleKind, x: CsvValue) -> Any:
+    """One converted CSV value as the :class:`GpuSample` field of ``kind`` wants it; None when it
+    is not of that kind (a number where text is expected, text where a number is)."""
+    if kind == "float":
+        return x if isinstance(x, float) else None
+    if kind == "int":
+        return int(x) if isinstance(x, float) else None
+    if not isinstance(x, str):
+        return None
+    if kind == "pstate":
+        return _pstate(x)
+    if kind == "pci":
+        return normalize_pci_bus_id(x)
+    return x
 
 
 def csv_row_to_sample(row: CsvRow, order: int) -> GpuSample:
     """A :class:`GpuSample` from the standard ``--query-gpu`` fields present in ``row``
-    (absent or N/A fields stay None)."""
+    (:data:`CSV_SAMPLE_FIELDS`; absent or N/A fields stay None). ``index`` from the row's
+    ``index`` column, else ``order``.
+
+    Raises:
+        ValueError: a value out of the model's range (pydantic), or an unreadable PCI bus id.
+    """
     v = row.values
-
-    def f(*keys: str) -> float | None:
+    data: dict[str, Any] = {}
+    for fname, keys, kind in CSV_SAMPLE_FIELDS:
         for k in keys:
-            x = v.get(k)
-            if isinstance(x, float):
-                return x
-        return None
-
-    def s(*keys: str) -> str | None:
-        for k in keys:
-            x = v.get(k)
-            if isinstance(x, str):
-                return x
-        return None
-
-    idx = f("index")
-    pci = s("pci.bus_id", "gpu_bus_id")
-    return GpuSample(
-        index=int(idx) if idx is not None else order,
-        uuid=s("uuid", "gpu_uuid"),
-        pci_bus_id=normalize_pci_bus_id(pci) if pci else None,
-        name=s("name", "gpu_name"),
-        serial=s("serial", "gpu_serial"),
-        vbios_version=s("vbios_version"),
-        utilization_gpu_pct=f("utilization.gpu"),
-        utilization_memory_pct=f("utilization.memory"),
-        memory_used_mib=f("memory.used"),
-        memory_total_mib=f("memory.total"),
-        memory_free_mib=f("memory.free"),
-        memory_reserved_mib=f("memory.reserved"),
-        temperature_c=f("temperature.gpu"),
-        memory_temperature_c=f("temperature.memory"),
-        power_w=f("power.draw", "power.draw.average", "power.draw.instant"),
-        power_limit_w=f("enforced.power.limit", "power.limit"),
-        power_management_limit_w=f("power.limit"),
-        sm_clock_mhz=f("clocks.current.sm", "clocks.sm"),
-        graphics_clock_mhz=f("clocks.current.graphics", "clocks.gr"),
-        memory_clock_mhz=f("clocks.current.memory", "clocks.mem"),
-        max_sm_clock_mhz=f("clocks.max.sm"),
-        max_graphics_clock_mhz=f("clocks.max.graphics", "clocks.max.gr"),
-        max_memory_clock_mhz=f("clocks.max.memory", "clocks.max.mem"),
-        performance_state=_pstate(s("pstate")),
-        fan_speed_pct=f("fan.speed"),
-        pcie_link_gen=_int_or_none(f("pcie.link.gen.current", "pcie.link.gen.gpucurrent")),
-        pcie_link_gen_max=_int_or_none(f("pcie.link.gen.max")),
-        pcie_link_width=_int_or_none(f("pcie.link.width.current")),
-        pcie_link_width_max=_int_or_none(f("pcie.link.width.max")),
-        ecc_sbe_volatile=_int_or_none(f("ecc.errors.corrected.volatile.total")),
-        ecc_dbe_volatile=_int_or_none(f("ecc.errors.uncorrected.volatile.total")),
-        ecc_sbe_aggregate=_int_or_none(f("ecc.errors.corrected.aggregate.total")),
-        ecc_dbe_aggregate=_int_or_none(f("ecc.errors.uncorrected.aggregate.total")),
-    )
-
-
-def _int_or_none(x: float | None) -> int | None:
-    return int(x) if x is not None else None
+            got = csv_value_to_field(kind, v.get(k))
+            if got is not None:
+                data[fname] = got
+                break
+    idx = v.get("index")
+    return GpuSample(index=int(idx) if isinstance(idx, float) else order, **data)
 
 
 def parse_nvidia_smi_csv_samples(text: str) -> list[GpuSample] | SmiError:
-    """``gpuwarden parse nvidia-smi-csv``: ``--query-gpu`` CSV with a header -> one
-    :class:`GpuSample` per row (standard fields mapped; others dropped), or :class:`SmiError`.
+    """``--query-gpu`` CSV with a header -> one :class:`GpuSample` per row (standard fields
+    mapped; others dropped), or :class:`SmiError`.
 
     Raises:
         ValueError: as :func:`parse_nvidia_smi_csv` (a header line is required here).
@@ -529,3 +676,21 @@ def parse_nvidia_smi_csv_samples(text: str) -> list[GpuSample] | SmiError:
     if isinstance(rows, SmiError):
         return rows
     return [csv_row_to_sample(r, i) for i, r in enumerate(rows)]
+
+
+def parse_nvidia_smi_csv_records(text: str) -> list[dict[str, Any]] | SmiError:
+    """``gpuwarden parse nvidia-smi-csv``: ``--query-gpu`` CSV with a header (nvidia-smi 450 ..
+    595, or a custom logger's header, :data:`CSV_ALIASES`) -> one object per row holding
+    ``gpu`` (the mapped :class:`GpuSample`) and ``columns`` (every column's value, so fields
+    the model lacks, such as ``clocks.current.video``, are kept), or :class:`SmiError`.
+
+    Headerless (``noheader``) files are read by :func:`gpuwarden.collector.recordings.load_recording`
+    with ``columns=[...]``.
+
+    Raises:
+        ValueError: as :func:`parse_nvidia_smi_csv` (a header line is required here).
+    """
+    rows = parse_nvidia_smi_csv(text)
+    if isinstance(rows, SmiError):
+        return rows
+    return [{"gpu": csv_row_to_sample(r, i), "columns": r.values} for i, r in enumerate(rows)]

@@ -697,6 +697,17 @@ class NvmlSource:
     ``nvmlGpmSampleGet``/``nvmlGpmMetricsGet``/``c_nvmlGpmMetricsGet_t`` and
     ``nvmlGpmQueryDeviceSupport`` says the GPU supports them (Hopper and newer); they cover the
     interval between two ticks, so the first sample of a GPU has none. Absent otherwise.
+
+    NVLink state and error counters (``GpuSample.nvlinks``: up to 18 links x 5 NVML calls per
+    GPU, most of a tick's NVML calls on an NVLink GPU) are read on every ``nvlink_every``-th
+    tick only (1, the default: every tick), starting with the first; on the other ticks
+    ``nvlinks`` is None (not read this tick), so a consumer computes NVLink error rates between
+    the samples that carry them (the detector does).
+
+    Readings that do not change while the driver is loaded (name, serial, temperature
+    thresholds, maximum clocks, maximum PCIe link) are read once per GPU and kept: again every
+    ``static_every_s`` of event time, after an NVML re-initialisation and when a lost GPU is
+    back; one that read None (not supported, or an error) is tried again on every tick.
     """
 
     name = "nvml"
@@ -713,12 +724,20 @@ class NvmlSource:
         event_watcher: NvmlEventWatcher | None = None,
         dedupe: EventDeduper | None = None,
         static_every_s: float = 300.0,
+        nvlink_every: int = 1,
     ) -> None:
+        """Raises ValueError: ``nvlink_every`` < 1."""
+        if nvlink_every < 1:
+            raise ValueError(f"nvlink_every must be >= 1 (ticks), got {nvlink_every}")
         self.nvml = nvml
         self.static_every_s = static_every_s
+        self.nvlink_every = nvlink_every
+        self._ticks = 0  # collects so far (NVLink is read when this is a multiple of nvlink_every)
+        self._read_nvlink = True
         self._static_sent_ts: float | None = None  # event time driver/VBIOS last went out
         self._vbios_sent: set[int] = set()  # GPUs whose VBIOS went out since the last (re)send
         self._gpm: dict[int, _Gpm | None] = {}  # None: this GPU has no GPM
+        self._static: dict[int, dict[tuple[Any, ...], Any]] = {}  # GPU -> readings that do not change (class doc)
         self.node = node
         self.clock = clock
         self.kernel_log = kernel_log
@@ -752,6 +771,7 @@ class NvmlSource:
                 self._inited = True
                 self._static_sent_ts = None
                 self._gpm.clear()  # GPM samples do not survive nvmlShutdown
+                self._static.clear()
                 try:
                     self._driver = nvml_str(n.nvmlSystemGetDriverVersion())
                 except n.NVMLError:
@@ -770,6 +790,9 @@ class NvmlSource:
         if send_static:
             self._static_sent_ts = ts
             self._vbios_sent.clear()
+            self._static.clear()
+        self._read_nvlink = self._ticks % self.nvlink_every == 0
+        self._ticks += 1
         gpus = []
         for i in range(count):
             try:
@@ -778,6 +801,7 @@ class NvmlSource:
             except GpuLost as exc:
                 self._vbios_sent.discard(i)
                 self._gpm.pop(i, None)
+                self._static.pop(i, None)
                 if i not in self._lost:
                     self._lost.add(i)
                     self._pending.append(self._lost_event(i, ts, str(exc)))
@@ -915,12 +939,24 @@ class NvmlSource:
         h = call("nvmlDeviceGetHandleByIndex", i)
         if h is None:
             raise GpuLost("no handle")
+        kept: dict[tuple[Any, ...], Any] = self._static.setdefault(i, {})
+
+        def static(name: str, handle: Any, *args: Any) -> Any:
+            """``call`` for a reading that does not change: kept once it is not None."""
+            key = (name, *args)
+            v = kept.get(key)
+            if v is None:
+                v = call(name, handle, *args)
+                if v is not None:
+                    kept[key] = v
+            return v
+
         uuid = call("nvmlDeviceGetUUID", h)
         pci = call("nvmlDeviceGetPciInfo", h)
         pci_id = normalize_pci_bus_id(nvml_str(pci.busId)) if pci is not None else None
         uuid = nvml_str(uuid) if uuid is not None else None
         self._known_pci[i] = (pci_id, uuid)
-        name = call("nvmlDeviceGetName", h)
+        name = static("nvmlDeviceGetName", h)
         util = call("nvmlDeviceGetUtilizationRates", h)
         mem = call("nvmlDeviceGetMemoryInfo", h)
         power = call("nvmlDeviceGetPowerUsage", h)
@@ -929,7 +965,7 @@ class NvmlSource:
         reasons = call("nvmlDeviceGetCurrentClocksEventReasons", h)
         rows = call("nvmlDeviceGetRemappedRows", h)
         energy = call("nvmlDeviceGetTotalEnergyConsumption", h)
-        serial = call("nvmlDeviceGetSerial", h)
+        serial = static("nvmlDeviceGetSerial", h)
         vbios = None
         if i not in self._vbios_sent:
             vbios = call("nvmlDeviceGetVbiosVersion", h)
@@ -967,17 +1003,17 @@ class NvmlSource:
             memory_free_mib=mem.free / mib if mem is not None else None,
             memory_reserved_mib=reserved / mib if reserved is not None else None,
             temperature_c=call("nvmlDeviceGetTemperature", h, NVML_TEMPERATURE_GPU),
-            temperature_slowdown_c=call("nvmlDeviceGetTemperatureThreshold", h, NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
-            temperature_shutdown_c=call("nvmlDeviceGetTemperatureThreshold", h, NVML_TEMPERATURE_THRESHOLD_SHUTDOWN),
+            temperature_slowdown_c=static("nvmlDeviceGetTemperatureThreshold", h, NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
+            temperature_shutdown_c=static("nvmlDeviceGetTemperatureThreshold", h, NVML_TEMPERATURE_THRESHOLD_SHUTDOWN),
             power_w=power / 1000 if power is not None else None,
             power_limit_w=limit / 1000 if limit is not None else None,
             power_management_limit_w=mgmt / 1000 if mgmt is not None else None,
             sm_clock_mhz=call("nvmlDeviceGetClockInfo", h, NVML_CLOCK_SM),
             graphics_clock_mhz=call("nvmlDeviceGetClockInfo", h, NVML_CLOCK_GRAPHICS),
             memory_clock_mhz=call("nvmlDeviceGetClockInfo", h, NVML_CLOCK_MEM),
-            max_sm_clock_mhz=call("nvmlDeviceGetMaxClockInfo", h, NVML_CLOCK_SM),
-            max_graphics_clock_mhz=call("nvmlDeviceGetMaxClockInfo", h, NVML_CLOCK_GRAPHICS),
-            max_memory_clock_mhz=call("nvmlDeviceGetMaxClockInfo", h, NVML_CLOCK_MEM),
+            max_sm_clock_mhz=static("nvmlDeviceGetMaxClockInfo", h, NVML_CLOCK_SM),
+            max_graphics_clock_mhz=static("nvmlDeviceGetMaxClockInfo", h, NVML_CLOCK_GRAPHICS),
+            max_memory_clock_mhz=static("nvmlDeviceGetMaxClockInfo", h, NVML_CLOCK_MEM),
             throttle_reasons=[v for b, v in THROTTLE_BITS.items() if reasons & b] if reasons is not None else [],
             performance_state=pstate if pstate is not None and 0 <= pstate <= 15 else None,
             ecc_sbe_volatile=call(
@@ -1002,13 +1038,13 @@ class NvmlSource:
             remapped_rows_failure=bool(rows[3]) if rows is not None else None,
             pcie_replay_count=call("nvmlDeviceGetPcieReplayCounter", h),
             pcie_link_gen=call("nvmlDeviceGetCurrPcieLinkGeneration", h),
-            pcie_link_gen_max=call("nvmlDeviceGetMaxPcieLinkGeneration", h),
+            pcie_link_gen_max=static("nvmlDeviceGetMaxPcieLinkGeneration", h),
             pcie_link_width=call("nvmlDeviceGetCurrPcieLinkWidth", h),
-            pcie_link_width_max=call("nvmlDeviceGetMaxPcieLinkWidth", h),
+            pcie_link_width_max=static("nvmlDeviceGetMaxPcieLinkWidth", h),
             pcie_tx_kbps=float(tx) if tx is not None else None,
             pcie_rx_kbps=float(rx) if rx is not None else None,
             fan_speed_pct=float(fan) if fan is not None else None,
-            nvlinks=self._nvlink(i, h, call),
+            nvlinks=self._nvlink(i, h, call) if self._read_nvlink else None,
             processes=[
                 {"pid": int(p.pid)}
                 | ({"used_memory_mib": p.usedGpuMemory / mib} if getattr(p, "usedGpuMemory", None) is not None else {})

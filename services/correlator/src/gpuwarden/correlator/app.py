@@ -46,6 +46,7 @@ from .core import INPUT_TOPICS, OUTPUT_TOPICS, Correlator
 from .settings import CorrelatorSettings
 
 __all__ = [
+    "LANES",
     "CorrelatorApp",
     "CorrelatorService",
     "TableStore",
@@ -56,6 +57,15 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: Inputs of each ``GPUWARDEN_CORRELATOR_LANE``: the events lane has its own consumer group
+#: (``<app id>-events``) and its own copy of the allocations table, so an XID is joined and
+#: published however many samples the samples lane has still to read.
+LANES: dict[str, tuple[str, ...]] = {
+    "all": INPUT_TOPICS,
+    "samples": ("slurm.jobs", "allocations", "gpu.samples"),
+    "events": ("allocations", "gpu.events"),
+}
 
 
 class TableStore:
@@ -81,13 +91,20 @@ class WindowTableStore:
 
     ``set`` puts the value in the table's local store only and marks the node dirty, with the
     partition of the event being processed (the node's partition: the table is co-partitioned
-    with ``gpu.samples``). :meth:`flush` sends one changelog record per dirty node with its
+    with ``gpu.samples``). :meth:`flush` snapshots one changelog record per dirty node with its
     state at that moment. The app calls it when a commit starts (:class:`_FlushOnCommit`): faust
-    takes the offsets to commit right after, then flushes the producer before committing them,
-    so every sample the committed offsets cover is in the changelog; samples processed later are
-    redelivered after a crash and the windows ignore readings they already hold. Dirty nodes of
-    revoked partitions are dropped (:meth:`drop`): nothing of theirs was committed since the last
-    flush, so the partition's next owner reprocesses them.
+    takes the offsets to commit right after, then flushes the producer before committing them;
+    the app's producer flush first appends the snapshots to the producer (:meth:`send_unsent`)
+    and then waits for their delivery, so every sample the committed offsets cover is in the
+    changelog; samples processed later are redelivered after a crash and the windows ignore
+    readings they already hold. Dirty nodes of revoked partitions are dropped (:meth:`drop`):
+    nothing of theirs was committed since the last flush, so the partition's next owner
+    reprocesses them.
+
+    The records do not go through faust's ``Table.send_changelog``: its producer buffer's
+    ``flush()`` gives up after 0.1 s without progress and returns with records still queued, so
+    under load faust could commit offsets whose window state was not yet in the changelog (a
+    restarted worker then lost those readings).
     """
 
     def __init__(self, table: Any) -> None:
@@ -96,6 +113,10 @@ class WindowTableStore:
         self.dirty: dict[str, int] = {}
         #: Changelog records sent (one per dirty node per flush).
         self.flushed = 0
+        #: (partition, key bytes, value bytes) snapshotted by :meth:`flush`, not yet appended to
+        #: the producer, oldest first.
+        self.unsent: list[tuple[int, bytes, bytes]] = []
+        self._sending = asyncio.Lock()
 
     def get(self, node: str) -> dict[str, Any] | None:
         return self.table.data.get(node)
@@ -108,16 +129,36 @@ class WindowTableStore:
         self.dirty[node] = event.message.partition
 
     def flush(self) -> int:
-        """Send the state of every dirty node to the changelog (queued on the producer); returns how many."""
+        """Snapshot the state of every dirty node as a changelog record (sent by
+        :meth:`send_unsent`); returns how many."""
         dirty, self.dirty = self.dirty, {}
         data = self.table.data
+        topic = self.table.changelog_topic
         for node, partition in dirty.items():
             value = data.get(node)
             if value is not None:
+                key, _ = topic.prepare_key(node, self.table.key_serializer)
                 # Serialised now (a snapshot), as JSON: what the table's json serializer restores.
-                self.table.send_changelog(partition, node, orjson.dumps(value), value_serializer="raw")
+                self.unsent.append((partition, key, orjson.dumps(value)))
         self.flushed += len(dirty)
         return len(dirty)
+
+    async def send_unsent(self, producer: Any) -> int:
+        """Append the snapshotted records to ``producer`` (faust's, for the aiokafka one), in
+        order; returns how many. Calls are serialised, so a node's records keep their order.
+
+        Raises:
+            aiokafka.errors.KafkaError: the producer cannot take them (the commit then fails,
+                and the offsets stay where the changelog is).
+        """
+        async with self._sending:
+            batch, self.unsent = self.unsent, []
+            if not batch:
+                return 0
+            name = self.table.changelog_topic.get_topic_name()
+            for partition, key, value in batch:
+                await producer.send(name, key, value, partition, None, None)
+            return len(batch)
 
     def drop(self, partitions: Collection[int]) -> None:
         """Forget dirty nodes of ``partitions`` (revoked: their next owner reprocesses them)."""
@@ -138,13 +179,27 @@ class _FlushOnCommit(faust.Sensor):
         return None
 
 
+def _send_changelog_on_flush(app: faust.App, store: WindowTableStore) -> None:
+    """Make the app's producer ``flush()`` (before faust commits offsets, on revocation and on
+    stop) append the window snapshots first, then wait for delivery of everything."""
+    producer = app.producer
+    flush = producer.flush
+
+    async def flush_with_changelog() -> None:
+        await store.send_unsent(producer)
+        await flush()
+
+    producer.flush = flush_with_changelog  # type: ignore[method-assign]
+
+
 class CorrelatorApp(faust.App):
     """The faust app, with the correlator core and its table attached (see :func:`create_app`)."""
 
     core: Correlator
     allocations_table: Any
+    #: The open-windows table and its store; None on the events lane (it windows nothing).
     windows_table: Any
-    windows_store: WindowTableStore
+    windows_store: WindowTableStore | None
     first_output_at: float | None = None
 
 
@@ -185,7 +240,7 @@ def create_app(
         autodiscover=False,
         web_enabled=False,
         topic_partitions=parts,
-        topic_replication_factor=settings.correlator_replication_factor,
+        topic_replication_factor=settings.correlator_replication_factor or 1,
         topic_disable_leader=True,
         table_standby_replicas=0,
         consumer_auto_offset_reset=settings.auto_offset_reset,
@@ -195,13 +250,17 @@ def create_app(
         broker_rebalance_timeout=max(10.0, settings.correlator_session_timeout_s * 2),
         broker_request_timeout=30.0,
         broker_client_id=f"{settings.client_id}-correlator",
-        producer_acks=1,
-        producer_linger=0.005,
+        broker_credentials=settings.faust_credentials(),
+        producer_acks=-1 if settings.producer_acks == "all" else 1,
+        producer_linger=settings.correlator_producer_linger_s,
+        producer_max_batch_size=settings.correlator_producer_batch_bytes,
         stream_wait_empty=False,
         stream_recovery_delay=0.0,
         key_serializer="raw",
         value_serializer="raw",
     )
+    rf = settings.correlator_replication_factor or 1
+    changelog_configs = {"min.insync.replicas": "2"} if rf >= 3 else {}
     table = app.Table(
         # The prefix is in the table name so that its changelog topic
         # ("<app id>-<prefix>node-allocations-changelog") is separate per prefix.
@@ -210,24 +269,30 @@ def create_app(
         partitions=parts,
         key_type=str,
         help="node -> {job id: allocation}",
+        extra_topic_configs=changelog_configs,
     )
-    windows_table = app.Table(
-        f"{settings.topic_prefix}node-windows",
-        default=None,
-        partitions=parts,
-        key_type=str,
-        help="node -> {watermark, open (job, gpu, window) accumulators}",
-    )
-    windows_store = WindowTableStore(windows_table)
-    app.sensors.add(_FlushOnCommit(windows_store))
-    samples_topic = settings.topic("gpu.samples")
+    windows_store: WindowTableStore | None = None
+    windows_table: Any = None
+    if settings.correlator_lane != "events":
+        windows_table = app.Table(
+            f"{settings.topic_prefix}node-windows",
+            default=None,
+            partitions=parts,
+            key_type=str,
+            help="node -> {watermark, open (job, gpu, window) accumulators}",
+            extra_topic_configs=changelog_configs,
+        )
+        store = windows_store = WindowTableStore(windows_table)
+        app.sensors.add(_FlushOnCommit(store))
+        _send_changelog_on_flush(app, store)
+        samples_topic = settings.topic("gpu.samples")
 
-    def _drop_revoked(sender: Any, *args: Any, signal: Any = None, **_: Any) -> None:
-        revoked = args[0] if args else ()  # faust sends the revoked TopicPartitions
-        windows_store.drop({tp.partition for tp in revoked if tp.topic == samples_topic})
+        def _drop_revoked(sender: Any, *args: Any, signal: Any = None, **_: Any) -> None:
+            revoked = args[0] if args else ()  # faust sends the revoked TopicPartitions
+            store.drop({tp.partition for tp in revoked if tp.topic == samples_topic})
 
-    # (mode's stubs type receivers narrower than what it calls them with: (sender, *args, signal=...))
-    app.on_partitions_revoked.connect(cast(Any, _drop_revoked))
+        # (mode's stubs type receivers narrower than what it calls them with: (sender, *args, signal=...))
+        app.on_partitions_revoked.connect(cast(Any, _drop_revoked))
 
     core = Correlator(
         TableStore(table),
@@ -243,23 +308,34 @@ def create_app(
     app.allocations_table = table
     app.windows_table = windows_table
     app.windows_store = windows_store
-    outputs = {s: app.topic(settings.topic(s), key_serializer="raw", value_serializer="raw") for s in OUTPUT_TOPICS}
+    names = {s: settings.topic(s) for s in OUTPUT_TOPICS}
+    assert core.metrics is not None
+    errors = core.metrics.errors.labels("produce")
+
+    def _sent(fut: asyncio.Future[Any]) -> None:
+        if not fut.cancelled() and fut.exception() is not None:
+            errors.inc()
+            log.error("correlator: a message was not published: %r", fut.exception())
 
     def make_agent(short: str) -> Callable[[Any], Any]:
         async def move(stream: faust.StreamT[bytes]) -> None:
+            # Straight to the app's producer (the one faust flushes before it commits offsets),
+            # not through faust's Topic.send: its FutureMessage/sensor layer was ~10 % of the CPU
+            # per message and adds nothing for raw bytes.
+            send = app.producer.send
             async for event in stream.events():
                 msg = event.message
                 for out in core.handle(short, msg.value, msg.key, msg.partition, msg.offset):
-                    await outputs[out.topic].send(
-                        key=out.key.encode() if out.key is not None else None, value=out.value
-                    )
+                    key = out.key.encode() if out.key is not None else None
+                    fut = cast("asyncio.Future[Any]", await send(names[out.topic], key, out.value, None, None, None))
+                    fut.add_done_callback(_sent)
                     if app.first_output_at is None and out.topic == "gpu.attributed":
                         app.first_output_at = time.time()
                         log.info("correlator: first attributed sample published")
 
         return move
 
-    for short in INPUT_TOPICS:
+    for short in LANES[settings.correlator_lane]:
         channel = app.topic(settings.topic(short), key_serializer="raw", value_serializer="raw")
         app.agent(channel, name=f"correlate-{short}")(make_agent(short))
     return app
@@ -273,7 +349,7 @@ async def discover_partitions(settings: CorrelatorSettings, timeout_s: float = 3
             co-partitioned topics have different partition counts.
         aiokafka.errors.KafkaError: the broker cannot be reached.
     """
-    client = AIOKafkaClient(bootstrap_servers=settings.bootstrap_servers, request_timeout_ms=int(timeout_s * 1000))
+    client = AIOKafkaClient(**settings.kafka_kwargs(), request_timeout_ms=int(timeout_s * 1000))
     await asyncio.wait_for(client.bootstrap(), timeout_s)
     try:
         md = await asyncio.wait_for(client.fetch_all_metadata(), timeout_s)
@@ -290,6 +366,21 @@ async def discover_partitions(settings: CorrelatorSettings, timeout_s: float = 3
     if len(keyed) != 1:
         raise RuntimeError(f"allocations, gpu.samples and gpu.events must have the same partition count: {counts}")
     return keyed.pop()
+
+
+async def count_brokers(settings: CorrelatorSettings, timeout_s: float = 30.0) -> int:
+    """Brokers in the cluster (from its metadata).
+
+    Raises:
+        aiokafka.errors.KafkaError: the broker cannot be reached.
+    """
+    client = AIOKafkaClient(**settings.kafka_kwargs(), request_timeout_ms=int(timeout_s * 1000))
+    await asyncio.wait_for(client.bootstrap(), timeout_s)
+    try:
+        md = await asyncio.wait_for(client.fetch_all_metadata(), timeout_s)
+    finally:
+        await client.close()
+    return max(1, len(md.brokers()))
 
 
 class _Worker(faust.Worker):
@@ -325,6 +416,12 @@ class CorrelatorService:
         self.started_at = time.time()
         await self.http.start()
         partitions = self.settings.correlator_partitions or await discover_partitions(self.settings)
+        if self.settings.correlator_replication_factor is None:
+            # changelogs as durable as the cluster allows (validated: never more than its brokers)
+            from gpuwarden.shared.topics import replication_plan
+
+            rf, _ = replication_plan(await count_brokers(self.settings))
+            self.settings = self.settings.model_copy(update={"correlator_replication_factor": rf})
         datadir = self.settings.correlator_datadir
         if datadir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix=f"{self.settings.app_id}-")

@@ -6,7 +6,10 @@ start, then ``python -m gpuwarden.correlator`` worker processes. The clock runs 
 consumed sample to the moment every sample has been attributed and windowed (both happen in
 the sample handler; ``gpuwarden_messages_out_total{topic="gpu.attributed"}``, counted after
 it, summed over the workers' ``/metrics``), so start-up is not counted. Prints GPU samples/s
-per worker count and the ratio.
+per worker count and the ratio, and the CPU time the workers used over the same interval
+(``utime + stime`` of ``/proc/<pid>/stat``, Linux) as CPU-seconds per 1,000 GPU samples: on a
+machine with fewer cores than workers + broker the rate cannot scale, the CPU cost per sample
+shows the efficiency. Each worker's share of the samples shows the partitions were spread.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -29,7 +33,7 @@ from gpuwarden.shared.brokers import ApacheKafka, free_port
 from gpuwarden.shared.models import GpuSample, JobState, NodeSample
 from gpuwarden.shared.topics import create_topics
 
-__all__ = ["bench_correlator"]
+__all__ = ["RunResult", "bench_correlator", "cpu_seconds"]
 
 
 def _metric(port: int, name: str, topic: str) -> float:
@@ -85,7 +89,31 @@ async def _backlog(bootstrap: str, prefix: str, nodes: int, ticks: int, gpus: in
         await p.stop()
 
 
-def _run(bootstrap: str, workers: int, nodes: int, ticks: int, gpus: int, partitions: int, timeout: float) -> float:
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of process ``pid`` so far, s (``/proc/<pid>/stat``, Linux); None
+    when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class RunResult:
+    """One run: GPU samples/s, worker CPU s over the timed interval, GPU samples per worker."""
+
+    rate: float
+    cpu_s: float
+    per_worker: list[float]
+
+    def cpu_per_1000(self, gpu_samples: int) -> float:
+        """CPU-seconds per 1,000 GPU samples."""
+        return self.cpu_s / gpu_samples * 1000
+
+
+def _run(bootstrap: str, workers: int, nodes: int, ticks: int, gpus: int, partitions: int, timeout: float) -> RunResult:
     prefix = f"bench{uuid.uuid4().hex[:6]}."
     asyncio.run(create_topics(bootstrap, prefix, partitions=partitions))
     asyncio.run(_backlog(bootstrap, prefix, nodes, ticks, gpus))
@@ -111,14 +139,19 @@ def _run(bootstrap: str, workers: int, nodes: int, ticks: int, gpus: int, partit
             procs.append((proc, port))
         deadline = time.monotonic() + timeout
         started: float | None = None
+        cpu0 = 0.0
         while time.monotonic() < deadline:
             if started is None and any(
                 _metric(port, "gpuwarden_messages_in_total", "gpu.samples") > 0 for _, port in procs
             ):
                 started = time.monotonic()
-            done = sum(_metric(port, "gpuwarden_messages_out_total", "gpu.attributed") for _, port in procs)
+                cpu0 = sum(cpu_seconds(p.pid) or 0.0 for p, _ in procs)
+            per = [_metric(port, "gpuwarden_messages_out_total", "gpu.attributed") for _, port in procs]
+            done = sum(per)
             if done >= total and started is not None:
-                return total * gpus / (time.monotonic() - started)
+                rate = total * gpus / (time.monotonic() - started)
+                cpu = sum(cpu_seconds(p.pid) or 0.0 for p, _ in procs) - cpu0
+                return RunResult(rate, cpu, [n * gpus for n in per])
             if any(p.poll() is not None for p, _ in procs):
                 raise RuntimeError("a correlator worker exited")
             time.sleep(0.1)
@@ -159,15 +192,27 @@ def bench_correlator(
         bootstrap = kafka.start()
     try:
         rates: dict[int, float] = {}
+        cpus: dict[int, float] = {}
+        n_gpu = nodes * ticks * gpus
         for w in workers:
-            rates[w] = _run(bootstrap, w, nodes, ticks, gpus, partitions, timeout)
+            r = _run(bootstrap, w, nodes, ticks, gpus, partitions, timeout)
+            rates[w], cpus[w] = r.rate, r.cpu_per_1000(n_gpu)
             typer.echo(
                 f"workers={w}: {rates[w]:,.0f} GPU samples/s ({rates[w] / gpus:,.0f} NodeSamples/s; "
-                f"{nodes * ticks * gpus} GPU samples, {partitions} partitions)"
+                f"{n_gpu} GPU samples, {partitions} partitions)"
+            )
+            share = ", ".join(f"{x / n_gpu:.0%}" for x in r.per_worker)
+            typer.echo(
+                f"  cpu: {r.cpu_s:.2f} s in the workers = {cpus[w] * 1000:.1f} ms per 1,000 GPU samples "
+                f"({1000 / cpus[w]:,.0f} GPU samples/s per core); share per worker {share}"
             )
         first = workers[0]
         for w in workers[1:]:
             typer.echo(f"ratio workers={w} / workers={first}: {rates[w] / rates[first]:.2f}")
+            typer.echo(
+                f"cpu efficiency workers={w} vs workers={first}: {cpus[first] / cpus[w]:.2f} "
+                "(CPU per sample of one worker / of these workers; 1.00 = no overhead from splitting)"
+            )
     finally:
         if kafka is not None:
             kafka.stop()

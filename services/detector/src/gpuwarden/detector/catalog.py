@@ -91,6 +91,11 @@ class XidEntry(_Strict):
 
 
 STICKY_WINDOW_S = 3600.0
+#: An application fault storm (XID 13/31/43 from one process, often for hours): one episode
+#: while repeats come within this window, not one failure per quiet spell of a few minutes.
+APPLICATION_WINDOW_S = 1800.0
+#: The catalog's memory-error rules that memory repair events and conditions fold into.
+MEMORY_ERROR_RULES = ("xid-48-double-bit-ecc", "xid-94-contained-memory-error", "xid-95-uncontained-memory-error")
 
 
 def _table_rule(e: XidEntry | None, code: int) -> Rule:
@@ -120,12 +125,18 @@ def _table_rule(e: XidEntry | None, code: int) -> Rule:
     )
     return Rule(
         id=f"xid-{code}",
+        # a memory repair event (XID 63/64) after the error it repairs is that error's failure
+        fold_into=list(MEMORY_ERROR_RULES) if e.pattern in ("row-remap-pending", "retired-pages") else [],
         pattern=e.pattern,
         category=category,
         severity=e.severity,
         match=Match(event="xid", codes=[code]),
         action=e.action,
-        burst_window_s=STICKY_WINDOW_S if e.sticky else 180.0,
+        burst_window_s=STICKY_WINDOW_S
+        if e.sticky
+        else APPLICATION_WINDOW_S
+        if category is Category.APPLICATION
+        else 180.0,
         verdict=f"GPU {{gpu}} on {{node}} reported XID {code} ({meaning}); affected: {{job_text}}.",
         cannot_determine=cannot,
         source="https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html",
@@ -174,6 +185,17 @@ class Catalog(_Strict):
                 if key in seen:
                     raise ValueError(f"{r.match.event} {c} matched by both {seen[key]} and {r.id}")
                 seen[key] = r.id
+        table_ids = {f"xid-{code}" for code in self.xid_table}
+        cond_ids = {c.id for c in self.conditions}
+        for cond in self.conditions:
+            unknown = [x for x in cond.explained_by if x not in cond_ids]
+            if unknown:
+                raise ValueError(f"condition {cond.id}: explained_by names unknown conditions {unknown}")
+        rule: RuleBase
+        for rule in [*self.conditions, *self.rules]:
+            unknown = [x for x in rule.fold_into if x not in ids and x not in table_ids]
+            if unknown:
+                raise ValueError(f"rule {rule.id}: fold_into names unknown event rules {unknown}")
         return self
 
     def for_event(self, kind: str, code: int | None, fatal: bool | None = None) -> Rule | None:

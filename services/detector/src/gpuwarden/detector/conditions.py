@@ -28,7 +28,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpuwarden.shared.models import PATTERNS, Action, Category, Evidence, GpuSample, JobWindow, Severity
 
-__all__ = ["ConditionRule", "CostModel", "Reading", "RuleBase", "Tracker", "evaluate_gpu", "evaluate_job"]
+__all__ = [
+    "ConditionRule",
+    "CostModel",
+    "JobContext",
+    "Reading",
+    "RuleBase",
+    "Tracker",
+    "evaluate_gpu",
+    "evaluate_job",
+]
 
 
 class _S(BaseModel):
@@ -45,6 +54,13 @@ class Throttle(_S):
     type: Literal["throttle"]
     reasons: list[str] = Field(min_length=1)
     clock_ratio_below: float | None = Field(None, gt=0, le=1, description="Also require SM clock < ratio x max")
+    or_power_at_limit: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Also count power >= this share of the enforced limit as the reason (a recording or an "
+        "older driver without throttle reasons: a GPU at its power limit is power-capped)",
+    )
 
 
 class Flag(_S):
@@ -62,6 +78,9 @@ class ClockLow(_S):
     type: Literal["clock-low"]
     ratio_below: float = Field(gt=0, le=1, description="SM clock below this share of its maximum")
     min_utilization_pct: float = Field(50, ge=0, le=100)
+    max_power_ratio: float = Field(
+        0.95, gt=0, le=1, description="At or above this share of the power limit the GPU is power-capped, not slow"
+    )
 
 
 class PcieDegraded(_S):
@@ -93,11 +112,19 @@ class Silent(_S):
 
 
 class Idle(_S):
+    """Every GPU of the job idle for a whole window (its busiest reading at most the threshold),
+    after the job's start-up grace (model loading, data staging)."""
+
     type: Literal["idle"]
     max_utilization_pct: float = Field(5, ge=0, le=100)
+    startup_grace_s: float = Field(300, ge=0, description="Windows this soon after the job's start never count, s")
 
 
 class PartialIdle(_S):
+    """Some GPUs idle for whole windows while the others do real work (busy at working power,
+    not spinning in a collective while one rank writes a checkpoint). No start-up grace: the
+    working GPUs show the job is past its start-up."""
+
     type: Literal["partial-idle"]
     max_utilization_pct: float = Field(5, ge=0, le=100)
     busy_min_utilization_pct: float = Field(50, ge=0, le=100)
@@ -111,9 +138,18 @@ def _default_metrics() -> list[StragglerMetric]:
 
 
 class Straggler(_S):
+    """A GPU (or node) slower than its job's peers by a robust margin: below ``below_median_ratio``
+    x the job median AND more than ``mad_k`` robust deviations (1.4826 x MAD, at least
+    ``min_spread`` x median) below it. The first metric of ``metrics`` the GPUs report is used
+    (SM clock before power: real GPUs of one job differ 10-20 % in power); power alone must fall
+    below ``power_only_ratio``."""
+
     type: Literal["straggler-gpu", "straggler-node"]
     metrics: list[StragglerMetric] = Field(default_factory=_default_metrics, min_length=1)
     below_median_ratio: float = Field(0.85, gt=0, lt=1, description="Slower than this share of the job's median")
+    power_only_ratio: float = Field(0.7, gt=0, lt=1, description="The ratio when power is the only metric")
+    mad_k: float = Field(3.0, gt=0, description="Robust deviations below the median that count")
+    min_spread: float = Field(0.03, ge=0, lt=1, description="Floor of the robust deviation, share of the median")
     min_gpus: int = Field(4, ge=2, description="Peers needed for a robust median")
     min_utilization_pct: float = Field(
         20, ge=0, le=100, description="Only busy GPUs are compared (an idle GPU is not slow: see partial-idle)"
@@ -121,12 +157,24 @@ class Straggler(_S):
 
 
 class LowDuty(_S):
+    """The job's GPUs busy only a small share of every window (mean in the band), steadily: the
+    rule's ``for_s`` is the persistence (a bursty inference load leaves the band often)."""
+
     type: Literal["low-duty"]
     min_utilization_pct: float = Field(5, ge=0, le=100)
     max_utilization_pct: float = Field(40, ge=0, le=100)
+    turn_taking_gpus: int = Field(
+        3,
+        ge=2,
+        description="With this many GPUs or more, utilisations that add up to about one busy GPU "
+        "(70-130 %) are GPUs taking turns (sequential model parallelism), not GPUs waiting on the host",
+    )
 
 
 class Hang(_S):
+    """Every GPU of the job pinned at full utilisation at idle power (spinning in a collective);
+    the rule's ``for_s`` is how long (NCCL's own timeout is 10-30 min)."""
+
     type: Literal["hang"]
     min_utilization_pct: float = Field(95, ge=0, le=100)
     max_power_ratio: float = Field(0.35, gt=0, le=1, description="Power below this share of the limit")
@@ -141,23 +189,42 @@ class MemoryGrowth(_S):
     horizon_min: float = Field(60, gt=0, description="Unhealthy if the limit is reached within this many minutes")
     min_windows: int = Field(6, ge=3, description="Windows of history needed for a trend")
     min_r2: float = Field(0.8, gt=0, le=1, description="Fit quality (r squared) that counts as steady growth")
+    startup_grace_s: float = Field(
+        300, ge=0, description="Windows this soon after the job's start (the model loading) are left out, s"
+    )
 
 
 class LowTensor(_S):
+    """Busy GPUs of a job whose tensor pipes idle, reported once for the job (the share of its
+    busy GPUs below the threshold); GPUs spinning at idle power (a hang) are not busy."""
+
     type: Literal["low-tensor"]
     max_tensor_pct: float = Field(10, ge=0, le=100)
     min_utilization_pct: float = Field(80, ge=0, le=100)
+    min_share: float = Field(0.5, gt=0, le=1, description="Share of the busy GPUs that must be low")
+    max_power_ratio: float = Field(0.35, gt=0, le=1, description="At or below this share of the limit: spinning")
 
 
 class Pauses(_S):
-    """Periodic all-GPU pauses: the share of recent windows in which every GPU of the job
-    dropped to idle while the job is otherwise busy."""
+    """Repeated stalls of a busy job, the signature of checkpoints (or evaluation): a stalled
+    window is one where every GPU idles (busiest reading at most ``max_utilization_pct``), or
+    where a minority of GPUs (rank 0 writing the checkpoint) drops below
+    ``writer_max_utilization_pct`` while the others spin in a collective (at least
+    ``wait_min_utilization_pct`` busy at no more than ``wait_max_power_ratio`` of their working
+    power). Only stalls between busy windows count (not the start-up or the end), and the share
+    of recent windows and the number of separate stalls must both reach their minimum."""
 
     type: Literal["pauses"]
     max_utilization_pct: float = Field(5, ge=0, le=100, description="A window where every GPU is below this")
+    writer_max_utilization_pct: float = Field(30, ge=0, le=100)
+    wait_min_utilization_pct: float = Field(90, ge=0, le=100)
+    wait_max_power_ratio: float = Field(0.5, gt=0, le=1, description="Share of the GPU's working power")
     min_share: float = Field(0.15, gt=0, le=1, description="Share of windows with a pause that is unhealthy")
     min_windows: int = Field(12, ge=3, description="Windows of history needed")
     min_pauses: int = Field(2, ge=1, description="Separate pauses needed (periodicity)")
+    max_pause_windows: int = Field(
+        12, ge=1, description="An all-idle stretch longer than this many windows is idle time, not a pause"
+    )
 
 
 class HealthFailed(_S):
@@ -239,6 +306,11 @@ class RuleBase(_S):
     verdict: str
     cannot_determine: list[str] = Field(default_factory=list)
     source: str | None = None
+    fold_into: list[str] = Field(
+        default_factory=list,
+        description="Event rules (ids) whose open episode on the same GPU this finding belongs to: it is "
+        "added there as evidence instead of opening a failure of its own (one root cause, one failure)",
+    )
 
     @field_validator("pattern")
     @classmethod
@@ -266,6 +338,11 @@ class ConditionRule(RuleBase):
     signal: Signal
     for_s: float = Field(30, ge=0, description="Unhealthy this long (event time) before the failure opens, s")
     resolve_after_s: float = Field(60, ge=0, description="Healthy this long before it resolves, s")
+    explained_by: list[str] = Field(
+        default_factory=list,
+        description="Condition rules (ids) that explain this one on the same GPU (or node): while one of "
+        "them is unhealthy there, this one stays quiet (a thermally throttled GPU is slow: one finding)",
+    )
 
     @property
     def scope(self) -> str:
@@ -312,6 +389,14 @@ def evaluate_gpu(sig: Signal, g: GpuSample, prev: GpuSample | None, dt: float, h
     """
     if isinstance(sig, Throttle):
         active = sorted(set(sig.reasons) & set(g.throttle_reasons))
+        if (
+            not active
+            and sig.or_power_at_limit is not None
+            and g.power_w is not None
+            and g.power_limit_w
+            and g.power_w >= sig.or_power_at_limit * g.power_limit_w
+        ):
+            active = ["power_at_limit"]
         bad = bool(active)
         if bad and sig.clock_ratio_below is not None:
             if g.sm_clock_mhz is None or not g.max_sm_clock_mhz:
@@ -330,7 +415,17 @@ def evaluate_gpu(sig: Signal, g: GpuSample, prev: GpuSample | None, dt: float, h
             return None
         ratio = g.sm_clock_mhz / g.max_sm_clock_mhz
         throttled = [r for r in g.throttle_reasons if r != "gpu_idle"]
-        bad = ratio < sig.ratio_below and g.utilization_gpu_pct >= sig.min_utilization_pct and not throttled
+        capped = (
+            g.power_w is not None
+            and bool(g.power_limit_w)
+            and g.power_w >= sig.max_power_ratio * (g.power_limit_w or 0)
+        )
+        bad = (
+            ratio < sig.ratio_below
+            and g.utilization_gpu_pct >= sig.min_utilization_pct
+            and not throttled
+            and not capped
+        )
         return Reading(bad, "sm_clock_ratio", ratio, "ratio", sig.ratio_below)
     if isinstance(sig, PcieDegraded):
         if g.pcie_link_width is None or g.pcie_link_width_max is None:
@@ -361,7 +456,7 @@ def evaluate_gpu(sig: Signal, g: GpuSample, prev: GpuSample | None, dt: float, h
     if isinstance(sig, MemoryWithoutJob):
         if g.memory_used_mib is None:
             return None
-        procs = len(g.processes or [])
+        procs = sum(1 for p in g.processes or [] if str(p.get("type") or "C").upper() != "G")  # not Xorg
         bad = not has_job and (g.memory_used_mib >= sig.min_mib or procs > 0)
         return Reading(bad, "memory_used_mib", g.memory_used_mib, "MiB", sig.min_mib)
     raise ValueError(f"{sig.type} is not a GPU-scope signal")
@@ -373,14 +468,58 @@ def _v(w: JobWindow, metric: str) -> float | None:
     return float(value) if value is not None else None
 
 
+def _peak_util(w: JobWindow) -> float | None:
+    """The busiest reading of the window (its maximum), else its mean."""
+    return (
+        _v(w, "utilization_gpu_pct_max") if w.utilization_gpu_pct_max is not None else _v(w, "utilization_gpu_pct_mean")
+    )
+
+
+@dataclass
+class JobContext:
+    """What the engine knows about a job beyond its windows.
+
+    Attributes:
+        start_ts: the job's start (Slurm's, else its first window), epoch s.
+        working_power_w: per (node, GPU index) the highest mean power of a busy window seen
+            in this job, W: the GPU's working power, against which a spinning GPU is judged.
+    """
+
+    start_ts: float | None = None
+    working_power_w: dict[tuple[str, int], float] = field(default_factory=dict)
+
+    def observe(self, windows: list[JobWindow], busy_pct: float = 50.0) -> None:
+        """Update the working-power reference from one window group."""
+        for w in windows:
+            u, p = _v(w, "utilization_gpu_pct_mean"), _v(w, "power_w_mean")
+            if u is not None and p is not None and u >= busy_pct:
+                k = (w.node, w.gpu_index)
+                self.working_power_w[k] = max(self.working_power_w.get(k, 0.0), p)
+
+    def spinning(self, w: JobWindow, min_util: float, max_ratio: float, limit_ratio: float = 0.35) -> bool:
+        """Busy (``min_util`` % or more) at idle power: below ``limit_ratio`` x the power limit, or
+        below ``max_ratio`` x the GPU's own working power."""
+        u, p = _v(w, "utilization_gpu_pct_mean"), _v(w, "power_w_mean")
+        if u is None or p is None or u < min_util:
+            return False
+        if w.power_limit_w and p <= limit_ratio * w.power_limit_w:
+            return True
+        ref = self.working_power_w.get((w.node, w.gpu_index))
+        return ref is not None and p <= max_ratio * ref
+
+    def in_grace(self, w: JobWindow, grace_s: float) -> bool:
+        return self.start_ts is not None and w.window_end - self.start_ts < grace_s
+
+
 def evaluate_job(
-    sig: Signal, windows: list[JobWindow], history: list[list[JobWindow]]
+    sig: Signal, windows: list[JobWindow], history: list[list[JobWindow]], ctx: JobContext | None = None
 ) -> list[tuple[str, int | None, Reading]]:
     """Evaluate a job-scope signal on the windows of one job and window start.
 
     Args:
         windows: one JobWindow per GPU of the job for the same window.
         history: earlier window groups of the same job, oldest first (for trends).
+        ctx: the job's start and its GPUs' working power (None: unknown).
 
     Returns:
         ``(node, gpu_index or None for the whole job/node, reading)`` per subject; the
@@ -388,38 +527,36 @@ def evaluate_job(
     """
     if not windows:
         return []
+    ctx = ctx or JobContext()
     first = min(windows, key=lambda w: (w.node, w.gpu_index))
     out: list[tuple[str, int | None, Reading]] = []
     utils = [u for w in windows if (u := _v(w, "utilization_gpu_pct_mean")) is not None]
     if isinstance(sig, Idle):
-        if not utils:
+        peaks = [p for w in windows if (p := _peak_util(w)) is not None]
+        if not peaks:
             return []
-        peak = max(utils)
-        return [
-            (
-                first.node,
-                None,
-                Reading(peak <= sig.max_utilization_pct, "max_gpu_utilization_pct", peak, "%", sig.max_utilization_pct),
-            )
-        ]
+        peak = max(peaks)
+        bad = peak <= sig.max_utilization_pct and not ctx.in_grace(first, sig.startup_grace_s)
+        return [(first.node, None, Reading(bad, "max_gpu_utilization_pct", peak, "%", sig.max_utilization_pct))]
     if isinstance(sig, PartialIdle):
         if len(utils) < 2:
             return []
-        idle = [w for w in windows if (_v(w, "utilization_gpu_pct_mean") or 0) <= sig.max_utilization_pct]
-        busy = max(utils) >= sig.busy_min_utilization_pct
+        idle = [w for w in windows if (_peak_util(w) or 0) <= sig.max_utilization_pct]
+        working = [
+            w
+            for w in windows
+            if (_v(w, "utilization_gpu_pct_mean") or 0) >= sig.busy_min_utilization_pct
+            and not ctx.spinning(w, sig.busy_min_utilization_pct, 0.5)
+        ]
+        if not working and idle:
+            return []  # the others stall too (a checkpoint, an eval pause): this window tells nothing
         for w in windows:
-            bad = busy and w in idle
+            bad = bool(working) and w in idle
             out.append(
                 (
                     w.node,
                     w.gpu_index,
-                    Reading(
-                        bad,
-                        "gpu_utilization_pct",
-                        _v(w, "utilization_gpu_pct_mean") or 0.0,
-                        "%",
-                        sig.max_utilization_pct,
-                    ),
+                    Reading(bad, "gpu_utilization_pct_max", _peak_util(w) or 0.0, "%", sig.max_utilization_pct),
                 )
             )
         return out
@@ -429,7 +566,8 @@ def evaluate_job(
         if not utils:
             return []
         mean = statistics.fmean(utils)
-        bad = sig.min_utilization_pct < mean <= sig.max_utilization_pct
+        turns = len(utils) >= sig.turn_taking_gpus and 70.0 <= sum(utils) <= 130.0
+        bad = sig.min_utilization_pct < mean <= sig.max_utilization_pct and not turns
         return [(first.node, None, Reading(bad, "mean_gpu_utilization_pct", mean, "%", sig.max_utilization_pct))]
     if isinstance(sig, Hang):
         pairs = [
@@ -439,8 +577,8 @@ def evaluate_job(
             and (p := _v(w, "power_w_mean")) is not None
             and (lim := _v(w, "power_limit_w"))
         ]
-        if not pairs:
-            return []
+        if not pairs or len(pairs) < len(windows):
+            return []  # a GPU without power or limit: the whole job cannot be judged
         bad = all(u >= sig.min_utilization_pct and r <= sig.max_power_ratio for u, r in pairs)
         worst = max(r for _, r in pairs)
         return [
@@ -452,7 +590,9 @@ def evaluate_job(
                 (x.window_end / 60.0, x.memory_used_mib_max)
                 for group in [*history, [w]]
                 for x in group
-                if (x.node, x.gpu_index) == (w.node, w.gpu_index) and x.memory_used_mib_max is not None
+                if (x.node, x.gpu_index) == (w.node, w.gpu_index)
+                and x.memory_used_mib_max is not None
+                and not ctx.in_grace(x, sig.startup_grace_s)
             ]
             if len(series) < sig.min_windows or not w.memory_total_mib or w.memory_used_mib_max is None:
                 continue
@@ -469,64 +609,95 @@ def evaluate_job(
             )
         return out
     if isinstance(sig, LowTensor):
-        out = []
-        for w in windows:
-            t, u = _v(w, "tensor_activity_pct_mean"), _v(w, "utilization_gpu_pct_mean")
-            if t is None or u is None:
-                continue
-            bad = u >= sig.min_utilization_pct and t <= sig.max_tensor_pct
-            out.append((w.node, w.gpu_index, Reading(bad, "tensor_activity_pct", t, "%", sig.max_tensor_pct)))
-        return out
+        busy = [
+            (w, t)
+            for w in windows
+            if (t := _v(w, "tensor_activity_pct_mean")) is not None
+            and (_v(w, "utilization_gpu_pct_mean") or 0) >= sig.min_utilization_pct
+            and not ctx.spinning(w, sig.min_utilization_pct, 0.5, sig.max_power_ratio)
+        ]
+        if not busy:
+            return []
+        low = [t for _, t in busy if t <= sig.max_tensor_pct]
+        share = len(low) / len(busy)
+        value = statistics.median(t for _, t in busy)
+        return [
+            (first.node, None, Reading(share >= sig.min_share, "tensor_activity_pct", value, "%", sig.max_tensor_pct))
+        ]
     if isinstance(sig, Pauses):
-        groups = [*history, windows]
-        paused = [all((_v(w, "utilization_gpu_pct_min") or 0) <= sig.max_utilization_pct for w in g) for g in groups]
-        busy = any((_v(w, "utilization_gpu_pct_mean") or 0) >= 50 for g in groups for w in g)  # else: idle job
-        episodes = sum(1 for i, p in enumerate(paused) if p and (i == 0 or not paused[i - 1]))
-        share = sum(paused) / len(groups)
-        bad = busy and len(groups) >= sig.min_windows and share >= sig.min_share and episodes >= sig.min_pauses
-        return [(first.node, None, Reading(bad, "paused_window_share", share, "ratio", sig.min_share))]
+        return [(first.node, None, _pauses(sig, [*history, windows], ctx))]
     raise ValueError(f"{sig.type} is not a job-scope signal")
 
 
+def _window_kind(sig: Pauses, group: list[JobWindow], ctx: JobContext) -> str:
+    """``busy``; ``idle`` (every GPU idle); ``write`` (a minority of GPUs, rank 0 writing a
+    checkpoint, below the writer threshold while all the others spin in a collective); ``other``."""
+    peaks = [_peak_util(w) or 0.0 for w in group]
+    if peaks and max(peaks) <= sig.max_utilization_pct:
+        return "idle"
+    if len(group) >= 2:
+        writers = [w for w in group if (_v(w, "utilization_gpu_pct_mean") or 0) < sig.writer_max_utilization_pct]
+        waiters = [w for w in group if ctx.spinning(w, sig.wait_min_utilization_pct, sig.wait_max_power_ratio)]
+        if writers and waiters and len(writers) < len(group) / 2 and len(writers) + len(waiters) == len(group):
+            return "write"
+    busy = [w for w in group if (_v(w, "utilization_gpu_pct_mean") or 0) >= 50 and not ctx.spinning(w, 50, 0.5)]
+    return "busy" if len(busy) * 2 >= len(group) else "other"
+
+
+def _pauses(sig: Pauses, groups: list[list[JobWindow]], ctx: JobContext) -> Reading:
+    """Stalled share of ``groups``: checkpoint writes always count; all-idle windows only between
+    busy windows (not the start-up, not a tail that never resumes)."""
+    kinds = [_window_kind(sig, g, ctx) for g in groups]
+    stalled = [k == "write" for k in kinds]
+    last_busy: int | None = None
+    for i, k in enumerate(kinds):
+        if k != "busy":
+            continue
+        if last_busy is not None and i - last_busy - 1 <= sig.max_pause_windows:
+            for j in range(last_busy + 1, i):
+                stalled[j] = stalled[j] or kinds[j] == "idle"
+        last_busy = i
+    episodes = sum(1 for i, s in enumerate(stalled) if s and (i == 0 or not stalled[i - 1]))
+    writes = sum(1 for k in kinds if k == "write")
+    share = sum(stalled) / len(groups)
+    periodic = episodes >= sig.min_pauses or writes >= sig.min_windows
+    bad = len(groups) >= sig.min_windows and share >= sig.min_share and periodic
+    return Reading(bad, "stalled_window_share", share, "ratio", sig.min_share)
+
+
 def _stragglers(sig: Straggler, windows: list[JobWindow]) -> list[tuple[str, int | None, Reading]]:
-    """Subjects (GPUs, or nodes by their GPUs' median) below ``ratio`` x the job median on any metric."""
-    subjects: dict[tuple[str, int | None], list[JobWindow]] = {}
+    """Subjects (GPUs, or nodes by their GPUs' median) slower than their peers by a robust margin
+    on the first metric every busy GPU of the job reports (see :class:`Straggler`).
+
+    Leave-one-out: each subject is compared with the median and the robust spread (1.4826 x MAD)
+    of the *other* subjects' GPUs, so one slow node of two, or one slow GPU of four, stands out.
+    """
     windows = [w for w in windows if (_v(w, "utilization_gpu_pct_mean") or 0) >= sig.min_utilization_pct]
-    for w in windows:
-        key = (w.node, w.gpu_index if sig.type == "straggler-gpu" else None)
-        subjects.setdefault(key, []).append(w)
-    if len(windows) < sig.min_gpus or len(subjects) < 2:
+    if len(windows) < sig.min_gpus:
         return []
-    worst: dict[tuple[str, int | None], tuple[float, str, float, float]] = {}
+    subjects: dict[tuple[str, int | None], list[JobWindow]] = {}
+    for w in windows:
+        subjects.setdefault((w.node, w.gpu_index if sig.type == "straggler-gpu" else None), []).append(w)
+    if len(subjects) < 2:
+        return []
     for metric in sig.metrics:
-        vals: dict[tuple[str, int | None], float] = {}
-        for k, ws in subjects.items():
-            xs = [x for w in ws if (x := _v(w, metric)) is not None]
-            if xs:
-                vals[k] = statistics.median(xs)
-        if len(vals) < 2:
-            continue
-        med = statistics.median(vals.values())
-        if med <= 0:
-            continue
-        for k, val in vals.items():
-            ratio = val / med
-            if k not in worst or ratio < worst[k][0]:
-                worst[k] = (ratio, metric, val, med)
-    return [
-        (
-            node,
-            gpu,
-            Reading(
-                ratio < sig.below_median_ratio,
-                f"{metric}_vs_job_median",
-                round(ratio, 4),
-                "ratio",
-                sig.below_median_ratio,
-            ),
-        )
-        for (node, gpu), (ratio, metric, _, _) in sorted(worst.items(), key=lambda kv: (kv[0][0], kv[0][1] or -1))
-    ]
+        per_gpu = {(w.node, w.gpu_index): x for w in windows if (x := _v(w, metric)) is not None}
+        if len(per_gpu) < len(windows):
+            continue  # not every GPU reports it: try the next metric
+        ratio_limit = sig.power_only_ratio if metric == "power_w_mean" else sig.below_median_ratio
+        out: list[tuple[str, int | None, Reading]] = []
+        for (node, gpu), ws in sorted(subjects.items(), key=lambda kv: (kv[0][0], kv[0][1] or -1)):
+            mine = {(w.node, w.gpu_index) for w in ws}
+            val = statistics.median(per_gpu[k] for k in mine)
+            peers = [v for k, v in per_gpu.items() if k not in mine]
+            med = statistics.median(peers)
+            if med <= 0:
+                continue
+            spread = max(1.4826 * statistics.median(abs(v - med) for v in peers), sig.min_spread * med)
+            bad = val / med < ratio_limit and (med - val) > sig.mad_k * spread
+            out.append((node, gpu, Reading(bad, f"{metric}_vs_job_median", round(val / med, 4), "ratio", ratio_limit)))
+        return out
+    return []
 
 
 # -- the state machine -----------------------------------------------------------------------
@@ -542,6 +713,8 @@ class Tracker:
     occurrences: int = 0
     evidence: list[Evidence] = field(default_factory=list)
     last_emitted: float = 0.0
+    folded: bool = False  # joined an event's failure (``fold_into``)
+    emitted: bool = False  # an open failure was published for the current episode
 
     def step(self, rule: ConditionRule, ts: float, reading: Reading, source: str) -> str | None:
         """Feed one reading; returns ``"open"``, ``"update"``, ``"resolved"`` or None."""

@@ -43,13 +43,25 @@ from gpuwarden.shared.models import (
 )
 
 from .catalog import Catalog, Rule
-from .conditions import ConditionRule, GpuCountDrop, HealthFailed, Reading, Silent, Tracker, evaluate_gpu, evaluate_job
+from .conditions import (
+    ConditionRule,
+    GpuCountDrop,
+    HealthFailed,
+    JobContext,
+    NvlinkRate,
+    Reading,
+    Silent,
+    Tracker,
+    evaluate_gpu,
+    evaluate_job,
+)
 from .render import Finding, render
 
 __all__ = ["Detector", "Episode"]
 
 MAX_EVIDENCE = 20
 IDLE_PARTITION_S = 300.0  # event time: a partition this far behind the newest counts as idle
+FOLD_WAIT_S = 5.0  # event time a condition with ``fold_into`` waits for the event that explains it
 
 
 @dataclass
@@ -72,6 +84,7 @@ class Episode:
     last_emitted: float = 0.0
     failure: Failure | None = None
     seen: set[str] = field(default_factory=set)
+    pending: bool = False  # folded updates not emitted yet
 
 
 class Detector:
@@ -105,6 +118,9 @@ class Detector:
             self._by_scope[c.scope].append(c)
         self._trackers: dict[tuple[str, str, int | None, str | None], Tracker] = {}
         self._prev: dict[tuple[str, int], tuple[float, GpuSample]] = {}
+        #: the last reading of each GPU that carried NVLink counters (a collector may read them
+        #: every Nth tick only: NVLink error rates are computed between those readings).
+        self._prev_nvlink: dict[tuple[str, int], tuple[float, GpuSample]] = {}
         self._gpu_count_max: dict[str, int] = {}
         self._node_last: dict[str, float] = {}
         self._node_states: dict[str, NodeState] = {}
@@ -113,6 +129,8 @@ class Detector:
         self._part_watermarks: dict[int, float] = {}
         self._windows: dict[str, dict[float, dict[tuple[str, int], JobWindow]]] = {}
         self._history: dict[str, list[list[JobWindow]]] = {}
+        self._job_ctx: dict[str, JobContext] = {}
+        self._job_starts: dict[str, float] = {}
         self.window_history = 30
 
     # -- inputs ----------------------------------------------------------------------
@@ -130,12 +148,19 @@ class Detector:
             self._gpus[(s.node, g.index)] = _GpuInfo(g.uuid, g.pci_bus_id)
             prev = self._prev.get((s.node, g.index))
             dt = s.ts - prev[0] if prev else 0.0
+            nv = self._prev_nvlink.get((s.node, g.index))
             job = jobs.get(g.index) or self._job_at(s.node, g.index, s.ts)
             for rule in self._by_scope["gpu"]:
-                reading = evaluate_gpu(rule.signal, g, prev[1] if prev else None, dt, job is not None)
+                if isinstance(rule.signal, NvlinkRate):
+                    p, d = (nv[1], s.ts - nv[0]) if nv else (None, 0.0)
+                else:
+                    p, d = (prev[1], dt) if prev else (None, dt)
+                reading = evaluate_gpu(rule.signal, g, p, d, job is not None)
                 if reading is not None:
                     out += self._cond(rule, s.node, g.index, s.ts, reading, job, "gpu.attributed")
             self._prev[(s.node, g.index)] = (s.ts, g)
+            if g.nvlinks is not None:
+                self._prev_nvlink[(s.node, g.index)] = (s.ts, g)
         out += self._node_conditions(s.node, s.ts, len(s.gpus), partition)
         return out
 
@@ -172,8 +197,12 @@ class Detector:
             windows = sorted(groups.pop(start).values(), key=lambda x: (x.node, x.gpu_index))
             history = self._history.setdefault(w.job_id, [])
             first = windows[0]
+            ctx = self._job_ctx.get(w.job_id)
+            if ctx is None:
+                ctx = self._job_ctx[w.job_id] = JobContext(self._job_starts.get(w.job_id, first.window_start))
+            ctx.observe(windows)
             for rule in self._by_scope["job"]:
-                for node, gpu, reading in evaluate_job(rule.signal, windows, history):
+                for node, gpu, reading in evaluate_job(rule.signal, windows, history, ctx):
                     src = next((x for x in windows if x.node == node and (gpu is None or x.gpu_index == gpu)), first)
                     job = GpuAttribution(
                         gpu_index=src.gpu_index,
@@ -190,6 +219,10 @@ class Detector:
     def on_job(self, job: JobState) -> list[Failure]:
         """Update the allocation table; re-emit open failures this job now explains."""
         nodes = set()
+        if job.start_ts is not None and base_state(job.state) in ACTIVE_STATES:
+            self._job_starts[job.job_id] = job.start_ts
+            if job.job_id in self._job_ctx:
+                self._job_ctx[job.job_id].start_ts = job.start_ts
         for a in fan_out(job):
             self._allocs[a.node] = expire(apply_allocation(self._allocs.get(a.node, {}), a), job.ts, self.retention_s)
             nodes.add(a.node)
@@ -226,9 +259,15 @@ class Detector:
             ep = self.episodes.get((cause.id, ev.node, ev.gpu_index)) if cause else None
             if ep is not None and 0 <= ev.ts - ep.last_seen <= ep.rule.burst_window_s:
                 return self._fold(ep, ev, evidence)
+        if rule.fold_into:
+            ep = self._open_episode(rule.fold_into, ev.node, ev.gpu_index, ev.ts)
+            if ep is not None:
+                return self._fold(ep, ev, evidence)
         job = msg.job
         if job is None and ev.gpu_index is not None:
             job = self._job_at(ev.node, ev.gpu_index, ev.ts)
+        if job is None and ev.gpu_index is None:
+            job = self._node_job(ev.node, ev.ts)
         out = self._observe(rule, ev, job, evidence)
         for rr in self.catalog.repeat_rules(ev.code):
             out.extend(self._repeat(rr, ev, job, evidence))
@@ -257,7 +296,13 @@ class Detector:
             ep.evidence.append(evidence)
         if ev.ts - ep.last_emitted >= self.update_interval_s:
             return [self._emit(ep)]
+        ep.pending = True
         return []
+
+    def flush(self) -> list[Failure]:
+        """The latest version of every episode with updates held back by ``update_interval_s``
+        (the end of a finite stream: a recording, a scenario)."""
+        return [self._emit(ep) for ep in self.episodes.values() if ep.pending]
 
     def _repeat(self, rule: Rule, ev: GpuEvent, job: GpuAttribution | None, evidence: Evidence) -> list[Failure]:
         """Application XIDs recurring on one GPU under several jobs: the GPU, not the code."""
@@ -290,13 +335,14 @@ class Detector:
             sig = rule.signal
             if isinstance(sig, GpuCountDrop):
                 mx = self._gpu_count_max[node]
+                drop = gpu_count < mx
                 out += self._cond(
                     rule,
                     node,
                     None,
                     ts,
-                    Reading(gpu_count < mx, "gpu_count", gpu_count, "GPUs", mx),
-                    None,
+                    Reading(drop, "gpu_count", gpu_count, "GPUs", mx),
+                    self._node_job(node, ts) if drop else None,
                     "gpu.attributed",
                 )
             elif isinstance(sig, Silent):
@@ -328,6 +374,8 @@ class Detector:
         end = job.end_ts if job.end_ts is not None else job.ts
         self._windows.pop(job.job_id, None)
         self._history.pop(job.job_id, None)
+        self._job_ctx.pop(job.job_id, None)
+        self._job_starts.pop(job.job_id, None)
         for key, tr in list(self._trackers.items()):
             rule_id, node, gpu, job_id = key
             if job_id != job.job_id or not tr.opened:
@@ -366,11 +414,57 @@ class Detector:
         what = tr.step(rule, ts, reading, source)
         if not tr.opened and tr.bad_since is None:
             del self._trackers[key]
+        if rule.fold_into and (tr.opened or what == "resolved") and not tr.emitted:
+            # A condition an event explains (a row remap after XID 94) waits FOLD_WAIT_S for that
+            # event, in either order, and joins its failure as evidence instead of opening one.
+            if what == "resolved" or tr.folded:
+                tr.folded = tr.folded and what != "resolved"
+                return []
+            ep = self._open_episode(rule.fold_into, node, gpu, tr.first_seen)
+            if ep is not None:
+                tr.folded = True
+                ep.evidence = [*ep.evidence, *tr.evidence[:1]][-MAX_EVIDENCE:]
+                return [self._emit(ep)]
+            if ts - tr.first_seen < FOLD_WAIT_S:
+                return []
+            what = "open"
+        if rule.explained_by and (tr.opened or what == "resolved") and not tr.emitted:
+            if what == "resolved":
+                return []  # never reported: nothing to resolve
+            if self._explained(rule.explained_by, node, gpu):
+                return []  # a GPU-level cause is being tracked there: that is the finding
+            what = "open"
+        if what == "resolved":
+            tr.emitted = False
         if what is None or (what == "update" and ts - tr.last_emitted < self.update_interval_s):
             return []
         tr.last_emitted = ts
+        tr.emitted = what != "resolved"
         state = FailureState.RESOLVED if what == "resolved" else FailureState.OPEN
         return [self._render_condition(rule, node, gpu, tr, state, job)]
+
+    def _explained(self, rule_ids: list[str], node: str, gpu: int | None) -> bool:
+        """An explaining condition is unhealthy (pending or open) on this GPU, or on any GPU of
+        the node when ``gpu`` is None."""
+        ids = set(rule_ids)
+        return any(
+            rid in ids and n == node and (gpu is None or g == gpu) and (tr.opened or tr.bad_since is not None)
+            for (rid, n, g, _), tr in self._trackers.items()
+        )
+
+    def _open_episode(self, rule_ids: list[str], node: str, gpu: int | None, ts: float) -> Episode | None:
+        """The open episode of one of ``rule_ids`` on this GPU (any GPU of the node when ``gpu`` is
+        None: a node-level finding such as a GPU gone missing) that ``ts`` falls in, if any."""
+        for rid in rule_ids:
+            eps = (
+                [self.episodes.get((rid, node, gpu))]
+                if gpu is not None
+                else [ep for (r, n, _), ep in self.episodes.items() if r == rid and n == node]
+            )
+            for ep in eps:
+                if ep is not None and ep.first.ts - 60.0 <= ts <= ep.last_seen + ep.rule.burst_window_s:
+                    return ep
+        return None
 
     def _render_condition(
         self,
@@ -398,12 +492,22 @@ class Detector:
         )
         return render(rule, finding, self.price, rule.cost.scope)
 
+    def _node_job(self, node: str, ts: float) -> GpuAttribution | None:
+        """The job on ``node`` at ``ts`` when there is exactly one (a node-wide event, or one
+        whose GPU is unknown, is that job's); None when there is none or several."""
+        held = [a for a in self._allocs.get(node, {}).values() if a.covers(ts)]
+        if len({a.job_id for a in held}) != 1:
+            return None
+        a = held[0]
+        return a.attribution(a.gpus[0] if a.gpus else 0)
+
     def _job_at(self, node: str, gpu: int, ts: float) -> GpuAttribution | None:
         found = attributions_at(self._allocs.get(node, {}), ts, [gpu])
         return found[0] if found else None
 
     def _emit(self, ep: Episode) -> Failure:
         ep.last_emitted = ep.last_seen
+        ep.pending = False
         ep.failure = self._render(ep)
         return ep.failure
 
@@ -423,3 +527,37 @@ class Detector:
             message=ev.message,
         )
         return render(ep.rule, finding, self.price, ep.rule.cost.scope)
+
+    # -- state that survives a restart (issue 13) ------------------------------------------
+    _SNAPSHOT_VERSION = 1
+    _NOT_STATE = frozenset({"catalog", "_conditions", "_by_scope", "price", "update_interval_s", "retention_s"})
+
+    def snapshot(self) -> bytes:
+        """The detector's state — condition trackers, open episodes, GPU identities,
+        allocations, watermarks, job windows — as bytes for :meth:`restore` (a pickle with a
+        version and the catalog's rule ids; the catalog and settings themselves are not in it).
+        Only for this detector's own state file: never restore bytes from elsewhere."""
+        import pickle
+
+        state = {k: v for k, v in vars(self).items() if k not in self._NOT_STATE}
+        ids = sorted(self._conditions) + sorted(r.id for r in self.catalog.rules)
+        return pickle.dumps((self._SNAPSHOT_VERSION, ids, state), protocol=pickle.HIGHEST_PROTOCOL)
+
+    def restore(self, data: bytes) -> None:
+        """Replace this detector's state by a :meth:`snapshot`.
+
+        Raises:
+            ValueError: not a snapshot of this version, or taken with a different catalog
+                (other rule ids); the state is left unchanged then.
+        """
+        import pickle
+
+        try:
+            version, ids, state = pickle.loads(data)  # the service's own state file (never from the bus)
+        except Exception as exc:
+            raise ValueError(f"not a detector snapshot: {type(exc).__name__}: {exc}") from exc
+        if version != self._SNAPSHOT_VERSION:
+            raise ValueError(f"detector snapshot version {version}, expected {self._SNAPSHOT_VERSION}")
+        if ids != sorted(self._conditions) + sorted(r.id for r in self.catalog.rules):
+            raise ValueError("detector snapshot was taken with a different catalog (rule ids differ)")
+        vars(self).update(state)

@@ -1,11 +1,14 @@
 """The detector service: attributed events and samples, job windows, Slurm state and health
-check results -> ``failures``."""
+check results -> ``failures``; and the job verdicts (:mod:`.jobreport`) -> ``job.reports``."""
 
 from __future__ import annotations
 
+import logging
+import re
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
 from pydantic import Field
 
 from gpuwarden.shared.bus import Producer
@@ -13,21 +16,42 @@ from gpuwarden.shared.models import (
     AttributedEvent,
     AttributedSample,
     Failure,
+    GpuEvent,
     HealthCheckResult,
+    JobReport,
     JobState,
     JobWindow,
     NodeState,
+    dumps,
 )
 from gpuwarden.shared.service import Service
 from gpuwarden.shared.settings import ServiceSettings
 
 from .catalog import load_catalog
 from .engine import Detector
+from .jobreport import JobReporter
+from .lanes import EVENT_LANE, SAMPLE_LANE, as_attributed, event_lane_group
+from .state import DetectorDurability, DurabilitySettings
 
-__all__ = ["DetectorService", "DetectorSettings"]
+__all__ = ["DetectorService", "DetectorSettings", "admin_comment_argv"]
+
+log = logging.getLogger(__name__)
+_JOB_ID = re.compile(r"^[0-9]+(?:[_+][0-9]+)?$")
 
 
-class DetectorSettings(ServiceSettings):
+def admin_comment_argv(job_id: str, summary: str, scontrol: str = "scontrol") -> list[str]:
+    """``scontrol update JobId=ID AdminComment=...`` as an argv list (no shell).
+
+    Raises:
+        ValueError: a job id that is not ``N``, ``N_M`` or ``N+M``.
+    """
+    if not _JOB_ID.fullmatch(job_id):
+        raise ValueError(f"not a Slurm job id: {job_id!r}")
+    text = " ".join(summary.split())[:250]
+    return [scontrol, "update", f"JobId={job_id}", f"AdminComment={text}"]
+
+
+class DetectorSettings(ServiceSettings, DurabilitySettings):
     """Environment: ``GPUWARDEN_DETECTOR_CATALOG``, ``GPUWARDEN_DETECTOR_PRICE_USD_PER_GPU_HOUR``,
     ``GPUWARDEN_DETECTOR_UPDATE_INTERVAL_S`` plus the common ``GPUWARDEN_*`` bus settings."""
 
@@ -35,6 +59,12 @@ class DetectorSettings(ServiceSettings):
     detector_price_usd_per_gpu_hour: float = Field(3.26, ge=0, description="Price of one GPU-hour, USD")
     detector_update_interval_s: float = Field(
         30.0, ge=0, description="Min event-time gap between re-emitted updates of one failure, s"
+    )
+    detector_report_interval_s: float = Field(
+        300.0, ge=0, description="Event time between running reports of a job on job.reports, s (0: only at the end)"
+    )
+    detector_report_admin_comment: bool = Field(
+        False, description="Write each final report's one-line summary to the job's Slurm AdminComment"
     )
 
 
@@ -49,23 +79,44 @@ class DetectorService(Service):
             settings.detector_update_interval_s,
         )
         self.failures_out = 0
+        self.durable = DetectorDurability(self.detector, settings)  # event-time bounds, state file
+        self.reports = JobReporter(settings.detector_price_usd_per_gpu_hour)
+        self.reports_out = 0
+        self._report_interval_s = settings.detector_report_interval_s
+        self._admin_comment = settings.detector_report_admin_comment
+        self.http.extra_routes += [
+            web.get("/jobs", self._jobs_view),
+            web.get("/jobs/{job_id}/report", self._report_view),
+            web.post("/jobs/{job_id}/report", self._report_view),
+        ]
 
     async def on_start(self) -> None:
-        self.consume(
-            ["gpu.events.attributed", "gpu.attributed", "slurm.jobs", "slurm.nodes", "job.windows", "health"],
-            self.handle,
+        # Two lanes (.lanes): events and Slurm state never wait behind a sample backlog.
+        self.durable.attach(self.consume(list(SAMPLE_LANE), self.handle))
+        self.durable.attach(
+            self.consume(list(EVENT_LANE), self.handle, group=event_lane_group(self.settings, self.name))
         )
 
     async def handle(self, topic: str, value: Any, _record: Any = None) -> None:
-        """Apply the engine to one decoded message and publish what it yields."""
-        if isinstance(value, AttributedEvent):
+        """Apply the engine to one decoded message and publish what it yields.
+
+        Raises:
+            ValueError: the record's event time is out of bounds (dead-lettered by the consumer).
+        """
+        self.durable.check_time(topic, value)
+        if isinstance(value, GpuEvent):  # the event lane's raw copy (.lanes)
+            out = self.detector.on_event(as_attributed(value))
+        elif isinstance(value, AttributedEvent):
             out = self.detector.on_event(value)
         elif isinstance(value, AttributedSample):
             out = self.detector.on_sample(value, getattr(_record, "partition", None))
         elif isinstance(value, JobState):
             out = self.detector.on_job(value)
+            for rep in self.reports.observe(value):
+                await self.publish_report(rep)
         elif isinstance(value, JobWindow):
             out = self.detector.on_window(value)
+            self.reports.observe(value)
         elif isinstance(value, NodeState):
             out = self.detector.on_node(value)
         elif isinstance(value, HealthCheckResult):
@@ -74,8 +125,46 @@ class DetectorService(Service):
             raise TypeError(f"unexpected {type(value).__name__} on {topic}")
         for f in out:
             await self.emit(f)
+        if isinstance(value, JobWindow) and (due := self.reports.due(value.job_id, self._report_interval_s)):
+            await self.publish_report(due)
 
     async def emit(self, failure: Failure) -> None:
         await self.publish("failures", failure.node, failure)
         await self.producer.flush()  # failures are rare and latency matters: deliver now
         self.failures_out += 1
+        if failure.job_id:
+            self.reports.observe(failure)
+            # the verdict changes with every failure of the job: publish it now
+            if (rep := self.reports.mark(failure.job_id)) is not None:
+                await self.publish_report(rep)
+
+    async def publish_report(self, report: JobReport) -> None:
+        """Publish a report on ``job.reports`` (keyed by job id); a final one goes to the job's
+        AdminComment too when ``GPUWARDEN_DETECTOR_REPORT_ADMIN_COMMENT`` is on."""
+        await self.publish("job.reports", report.job_id, report)
+        self.reports_out += 1
+        if report.final and self._admin_comment:
+            from gpuwarden.shared.slurm.client import SubprocessRunner
+
+            try:
+                argv = admin_comment_argv(report.job_id, report.summary)
+            except ValueError as exc:
+                log.warning("no AdminComment for job %s: %s", report.job_id, exc)
+                return
+            res = await SubprocessRunner().run(argv, 30.0)
+            if not res.ok:
+                log.warning("AdminComment of job %s not written: %s", report.job_id, res.output(300))
+
+    async def _jobs_view(self, _: web.Request) -> web.Response:
+        return web.json_response({"jobs": self.reports.jobs()})
+
+    async def _report_view(self, request: web.Request) -> web.Response:
+        """GET: the job's report now; POST: the same, also published on ``job.reports``."""
+        job_id = request.match_info["job_id"]
+        rep = self.reports.report(job_id)
+        if rep is None:
+            return web.json_response({"error": f"no data for job {job_id}"}, status=404)
+        if request.method == "POST":
+            await self.publish_report(rep)
+            await self.producer.flush()
+        return web.Response(body=dumps(rep), content_type="application/json")

@@ -739,9 +739,10 @@ _IB_TOOLS: tuple[tuple[list[str], Callable[[str], list[IbPort]]], ...] = (
 def read_ib_ports(inp: Inputs, ctx: Context) -> tuple[list[IbPort], str | None, list[str]]:
     """The node's RDMA ports, where they were read, and what went wrong on the way: sysfs first
     (no tool to run), then the first of ``ibstat``, ``ibstatus``, ``ibv_devinfo -v`` that is
-    installed and parses. A tool that exits non-zero ("No IB devices found") counts as no
-    devices; one that hangs past ``tool_timeout_s`` or prints what its parser cannot read is a
-    problem, and the next source is tried."""
+    installed and parses. A tool that prints nothing ("No IB devices found" on stderr) counts as
+    no devices; one that exits non-zero after printing part of its output (``ibpanic``, exit
+    255) or whose output its parser marks incomplete, one that hangs past ``tool_timeout_s`` or
+    prints what its parser cannot read is a problem, and the next source is tried."""
     ports = read_sysfs_ib(inp.sysfs_root)
     if ports:
         return ports, "sysfs", []
@@ -754,7 +755,10 @@ def read_ib_ports(inp: Inputs, ctx: Context) -> tuple[list[IbPort], str | None, 
         except ToolTimeout as exc:
             problems.append(str(exc))
             continue
-        if out.returncode != 0 or not out.stdout.strip():
+        if not out.stdout.strip():
+            continue  # nothing printed (exit 0, or "No IB devices found" on stderr): no devices here
+        if out.returncode != 0:  # died part-way (ibstat's ibpanic, exit 255): what it printed is partial
+            problems.append(f"{argv[0]} exited {out.returncode} after partial output: {_last_line(out)}"[:120])
             continue
         try:
             return parse(out.stdout), argv[0], []
@@ -862,6 +866,8 @@ def check_dcgm(inp: Inputs, ctx: Context) -> CheckResult:
         except ValueError:
             why = _last_line(disc_out)
             return CheckResult("dcgm", Status.UNKNOWN, f"dcgmi discovery exited {disc_out.returncode}: {why}")
+        if not discovery.complete:  # a cut-off list cannot tell a missing GPU from a lost row
+            return CheckResult("dcgm", Status.UNKNOWN, discovery.error or "dcgmi discovery output cut off")
         ids: list[int]
         problems: list[str]
         try:

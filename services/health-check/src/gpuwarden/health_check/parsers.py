@@ -4,7 +4,8 @@ Each ``parse_*`` takes the whole text a tool printed and raises ``ValueError`` w
 not that tool's output. They are also ``gpuwarden parse NAME FILE`` (entry points
 ``gpuwarden.parsers``), which prints the result as JSON.
 
-* :func:`parse_ibstat` - ``ibstat`` (infiniband-diags, rdma-core 28+).
+* :func:`read_ibstat` / :func:`parse_ibstat` - ``ibstat`` (infiniband-diags, rdma-core 28+);
+  a run that died part-way (``ibpanic``) is reported, never read as the full port list.
 * :func:`parse_ibstatus` - ``ibstatus`` (infiniband-diags script) and the same ``N: NAME``
   values of ``/sys/class/infiniband/<dev>/ports/<n>/{state,phys_state,rate,link_layer}``.
 * :func:`parse_ibv_devinfo` - ``ibv_devinfo`` and ``ibv_devinfo -v`` (libibverbs utilities of
@@ -27,6 +28,7 @@ __all__ = [
     "DcgmGpu",
     "DcgmTest",
     "IbPort",
+    "IbstatReport",
     "NvlinkGpu",
     "NvlinkLink",
     "parse_dcgmi_diag",
@@ -37,6 +39,7 @@ __all__ = [
     "parse_ibstatus",
     "parse_ibv_devinfo",
     "parse_nvidia_smi_nvlink",
+    "read_ibstat",
 ]
 
 
@@ -62,6 +65,19 @@ class IbPort:
     ca_type: str | None = None
     firmware: str | None = None
     port_guid: str | None = None
+    active_mtu: int | None = None
+    """Active MTU in bytes (``ibv_devinfo``: ``active_mtu: 4096 (5)``); None where not printed."""
+
+
+@dataclass(frozen=True)
+class IbstatReport:
+    """What one ``ibstat`` run printed: its ``ports``; ``complete`` False and ``error`` the
+    message when the tool died part-way (``ibpanic: ...``, exit 255): the ports printed
+    before it are kept, the ones after it are unknown (not absent)."""
+
+    ports: list[IbPort]
+    complete: bool = True
+    error: str | None = None
 
 
 _KV_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_ ]*?)\s*:\s*(.*?)\s*$")
@@ -102,15 +118,24 @@ def _int_lid(value: str) -> int | None:
         return None
 
 
-def parse_ibstat(text: str) -> list[IbPort]:
-    """Parse ``ibstat`` output (all CAs) into one :class:`IbPort` per port.
+_IBPANIC_RE = re.compile(r"\b(?:ibpanic|iberror):\s.*$")
+
+
+def read_ibstat(text: str) -> IbstatReport:
+    """Parse ``ibstat`` output (infiniband-diags 1.6+/rdma-core 28+, all CAs) into one
+    :class:`IbPort` per port, and whether the run finished (:class:`IbstatReport`).
 
     Reads ``CA 'name'`` blocks with ``CA type``/``Firmware version`` and ``Port N:`` sub-blocks
     (``State: Active``, ``Physical state: LinkUp``, ``Rate: 400`` in Gb/s, ``Base lid``,
     ``SM lid``, ``Port GUID``, ``Link layer``). Any indentation (tabs or spaces) is accepted.
 
+    A line ``ibpanic: ...`` (``ibstat: iberror: ...`` too), printed when ibstat dies part-way
+    (exit 255), ends the report: ``complete`` False, ``error`` its text, ports before it kept
+    (a port cut before its ``State`` line is dropped, not guessed).
+
     Raises:
-        ValueError: no ``CA '...'`` block, or a port without a ``State`` line.
+        ValueError: no ``CA '...'`` block and no ``ibpanic`` line, or a port without a
+            ``State`` line in a complete run.
     """
     ports: list[IbPort] = []
     ca: dict[str, str] = {}
@@ -143,10 +168,15 @@ def parse_ibstat(text: str) -> list[IbPort]:
         )
         port = None
 
+    error: str | None = None
     for raw in text.splitlines():
         line = raw.rstrip()
         if not line.strip():
             continue
+        pm = _IBPANIC_RE.search(line)
+        if pm:
+            error = pm.group(0).strip()
+            break
         m = re.match(r"^CA '([^']+)'\s*$", line)
         if m:
             close_port()
@@ -163,14 +193,33 @@ def parse_ibstat(text: str) -> list[IbPort]:
         if kv is None:
             continue
         (port if port is not None else ca)[kv.group(1)] = kv.group(2)
+    if error is not None:
+        if port is not None and "State" not in port:
+            port = None  # cut before its State line: unknown, not guessed
+        close_port()
+        return IbstatReport(ports=ports, complete=False, error=error)
     close_port()
     if ca_name is None:
         raise ValueError("not ibstat output: no \"CA '<name>'\" line")
-    return ports
+    return IbstatReport(ports=ports)
+
+
+def parse_ibstat(text: str) -> list[IbPort]:
+    """The ports of a complete ``ibstat`` run (:func:`read_ibstat`).
+
+    Raises:
+        ValueError: not ibstat output, or ibstat died part-way (``ibpanic``): a partial port
+            list must not be read as the node's ports.
+    """
+    rep = read_ibstat(text)
+    if not rep.complete:
+        raise ValueError(f"ibstat died after {len(rep.ports)} port(s): {rep.error}")
+    return rep.ports
 
 
 def parse_ibstatus(text: str) -> list[IbPort]:
-    """Parse ``ibstatus`` output into one :class:`IbPort` per ``Infiniband device 'X' port N status:`` block.
+    """Parse ``ibstatus`` (infiniband-diags script, rdma-core 28+) into one :class:`IbPort` per
+    ``Infiniband device 'X' port N status:`` block.
 
     Values as the script prints them from sysfs: ``state: 4: ACTIVE``, ``phys state: 5: LinkUp``,
     ``rate: 200 Gb/sec (4X HDR)``, ``base lid: 0x33bf`` (hex), ``link_layer: InfiniBand``.
@@ -279,11 +328,20 @@ def _ibv_port(device: str, dev: dict[str, str], port: int, kv: dict[str, str]) -
         ca_type=(f"MT{dev['vendor_part_id']}" if "vendor_part_id" in dev else None),  # as ibstat prints it
         firmware=dev.get("fw_ver"),
         port_guid=None,
+        active_mtu=_mtu(kv.get("active_mtu")),
     )
 
 
+def _mtu(value: str | None) -> int | None:
+    """``"4096 (5)"`` -> 4096 (bytes); None when absent or unreadable."""
+    if not value:
+        return None
+    m = re.match(r"^(\d+)", value.strip())
+    return int(m.group(1)) if m else None
+
+
 def parse_ibv_devinfo(text: str) -> list[IbPort]:
-    """Parse ``ibv_devinfo`` (libibverbs utilities, rdma-core and MLNX_OFED) into one
+    """Parse ``ibv_devinfo [-v]`` (libibverbs, rdma-core 28+ and MLNX_OFED 4.x/5.x) into one
     :class:`IbPort` per ``port: N`` of each ``hca_id: NAME`` block.
 
     Reads ``state: PORT_ACTIVE (4)`` (the number wins over the name: ``ACTIVE``, ``DOWN``,
@@ -291,8 +349,9 @@ def parse_ibv_devinfo(text: str) -> list[IbPort]:
     ``phys_state: LINK_UP (5)`` (-> sysfs names ``LinkUp``, ``Polling``, ``Disabled`` ...) and
     ``active_width: 4X (2)`` x ``active_speed: 25.0 Gbps (32)`` -> ``rate_gbps`` 100.0 (only for an
     ACTIVE port: a port that is down reports its reset defaults). The non-verbose form prints no
-    rate or physical state (None). Tabs or spaces, the MLNX_OFED ``Device ports:`` line, verbose
-    capability-flag lists and ``GID[ n]`` lines are accepted and ignored.
+    rate or physical state (None). ``active_mtu: 4096 (5)`` -> ``active_mtu`` 4096 (bytes) and
+    ``link_layer`` (``InfiniBand``/``Ethernet``) are read per port. Tabs or spaces, the MLNX_OFED
+    ``Device ports:`` line, verbose capability-flag lists and ``GID[ n]`` lines are accepted and ignored.
 
     Raises:
         ValueError: no ``hca_id:`` line (not ibv_devinfo output; ``No IB devices found`` is
@@ -381,9 +440,28 @@ class DcgmDiag:
     tests: list[DcgmTest] = field(default_factory=list)
     complete: bool = False
     group: int | None = None
+    overall: DiagResult = "unknown"
+    """The run's verdict from its rows: ``fail`` if any test failed (whatever ``Successfully ran
+    diagnostic`` says), else ``unknown`` when cut off or no test ran, else ``warn`` (a Warn),
+    ``skip`` (only skips) or ``pass``."""
+    error: str | None = None
+    """Why the run proves nothing (cut off), None for a complete table."""
 
     def by_result(self, result: DiagResult) -> list[DcgmTest]:
         return [t for t in self.tests if t.result == result]
+
+
+def _diag_overall(tests: list[DcgmTest], complete: bool) -> DiagResult:
+    results = {t.result for t in tests}
+    if "fail" in results:
+        return "fail"
+    if not complete or not tests:
+        return "unknown"
+    if "warn" in results:
+        return "warn"
+    if "pass" not in results:
+        return "skip" if "skip" in results else "unknown"
+    return "pass"
 
 
 _RESULT_WORD = {"pass": "pass", "fail": "fail", "warn": "warn", "warning": "warn", "skip": "skip", "skipped": "skip"}
@@ -393,6 +471,8 @@ _DIAG_RESULT_LINE = re.compile(r"(Pass|Fail|Warn|Skip)(?:\s+-\s+(?:(All)|GPUs?:\
 # "GPU0: Pass" (DCGM 4.x per-entity result lines; CPU entities of the CPU EUD test too)
 _DIAG_ENTITY_LINE = re.compile(r"(GPU|CPU)(\d+):\s*(Pass|Fail|Warn|Skip)\s*")
 _DIAG_MESSAGE_ROWS = {"Warning": "warnings", "Error": "warnings", "Info": "info"}
+_DIAG_HEADER_RE = re.compile(r"^\|\s*Diagnostic\s*\|\s*Result\s*\|")
+_DIAG_SECTION_RE = re.compile(r"^[|+]-+\s+(?:Metadata|Deployment|Integration|Hardware|Stress|Performance)\s+-+[+|]")
 _DIAG_WRAP = 45  # dcgmi prints Warning/Error/Info text in 45-character slices, one per row
 
 
@@ -438,6 +518,7 @@ class _DiagTestRows:
         self.parts: list[str] = [text] if text else []
         self.messages: dict[str, list[str]] = {"warnings": [], "info": []}
         self.open: tuple[str, list[str]] | None = None
+        self.continues_name = True  # until a row of its own follows: a named row without a result
 
     def close_message(self) -> None:
         if self.open is not None:
@@ -448,12 +529,19 @@ class _DiagTestRows:
             self.open = None
 
     def add_row(self, name: str, cell: str) -> None:
+        self.continues_name = False
         text = cell.strip()
         if name in _DIAG_MESSAGE_ROWS:
             self.close_message()
             self.open = (name, [_diag_chunk(cell)])
             return
         line = _diag_result_line(text)
+        if line is None and self.open is None and self.parts and self.parts[-1].rstrip().endswith(","):
+            joined = f"{self.parts[-1].rstrip()} {text}"  # a GPU list wrapped onto the next row
+            if (line := _diag_result_line(joined)) is not None:
+                self.lines[-1] = line
+                self.parts[-1] = joined
+                return
         if line is not None:
             self.close_message()
             self.lines.append(line)
@@ -488,7 +576,8 @@ class _DiagTestRows:
 
 
 def parse_dcgmi_diag(text: str) -> DcgmDiag:
-    """Parse the table ``dcgmi diag -r N`` prints: DCGM 2.x (no Metadata section, ``Blacklist``),
+    """Parse the table ``dcgmi diag -r N`` prints: DCGM 1.7-2.0 (no ``| Diagnostic | Result |``
+    header: the table starts at its first section row), 2.x (no Metadata section, ``Blacklist``),
     3.x (Metadata rows) and 4.x (lower-case plugin names, one ``GPU<n>: <result>`` row per GPU).
 
     Section headers are ``|-----  Deployment  ---+---|`` or ``+-----  Hardware  ---+---+``
@@ -496,17 +585,23 @@ def parse_dcgmi_diag(text: str) -> DcgmDiag:
     Detected``, ``GPU Device IDs Detected``. Every other named row is a test whose result rows are
     read as :class:`DcgmTest` describes; rows named ``Warning``, ``Error`` or ``Info`` are
     messages of the test above them (not tests), and rows with an empty left cell continue the
-    message or test above. A leading prompt/command line and ``Successfully ran diagnostic`` are
-    ignored.
+    message or test above. Wrapped cells are joined: a named row with an empty result right
+    under a test's first row continues its name (``Page Retirement/Row`` + ``Remap``), a result
+    row whose GPU list ends in ``,`` continues on the next row. A leading prompt/command line and
+    ``Successfully ran diagnostic`` are ignored: ``overall`` is read from the rows (a Fail row is a
+    failed run whatever the tool printed); a cut-off table has ``complete`` False, ``overall``
+    ``unknown`` (unless a row failed) and ``error`` set.
 
     Raises:
-        ValueError: no ``| Diagnostic | Result |`` header (not dcgmi diag table output).
+        ValueError: neither a ``| Diagnostic | Result |`` header nor a section row (not dcgmi
+            diag table output).
     """
     lines = text.splitlines()
-    try:
-        start = next(i for i, ln in enumerate(lines) if re.match(r"^\|\s*Diagnostic\s*\|\s*Result\s*\|", ln.strip()))
-    except StopIteration:
-        raise ValueError("not dcgmi diag output: no '| Diagnostic | Result |' header") from None
+    start = next((i for i, ln in enumerate(lines) if _DIAG_HEADER_RE.match(ln.strip())), None)
+    if start is None:  # DCGM 1.x/2.0 tables start at the first section row, without the header
+        start = next((i - 1 for i, ln in enumerate(lines) if _DIAG_SECTION_RE.match(ln.strip())), None)
+    if start is None:
+        raise ValueError("not dcgmi diag output: no '| Diagnostic | Result |' header and no section row")
     section: str | None = None
     meta: dict[str, str] = {}
     rows: list[_DiagTestRows] = []
@@ -538,6 +633,8 @@ def parse_dcgmi_diag(text: str) -> DcgmDiag:
         if section == "Metadata":
             if name:
                 meta[name] = cell.strip()
+        elif name and name not in _DIAG_MESSAGE_ROWS and not cell.strip() and rows and rows[-1].continues_name:
+            rows[-1].name = f"{rows[-1].name} {name}"  # a test name wrapped onto the next row
         elif name and name not in _DIAG_MESSAGE_ROWS:
             rows.append(_DiagTestRows(section, name, cell.strip()))
         elif rows:
@@ -545,14 +642,17 @@ def parse_dcgmi_diag(text: str) -> DcgmDiag:
     if last_open:
         complete = False
     ids = meta.get("GPU Device IDs Detected", "")
-    gm = re.search(r"dcgmi diag\b.*?\s(?:-g|--group)[ =](\d+)", "\n".join(lines[:start]))
+    gm = re.search(r"dcgmi diag\b.*?\s(?:-g|--group)[ =](\d+)", "\n".join(lines[: max(start, 0)]))
+    tests = [r.build() for r in rows]
     return DcgmDiag(
         dcgm_version=meta.get("DCGM Version"),
         driver_version=meta.get("Driver Version Detected"),
         device_ids=[x for x in re.split(r"[,\s]+", ids) if x],
-        tests=[r.build() for r in rows],
+        tests=tests,
         complete=complete,
         group=int(gm.group(1)) if gm else None,
+        overall=_diag_overall(tests, complete),
+        error=None if complete else f"dcgmi diag output cut off after {len(tests)} test row(s)",
     )
 
 
@@ -587,6 +687,11 @@ class DcgmDiscovery:
     active_only: bool = False
     nvswitches: list[int] | None = None
     others: dict[str, int] = field(default_factory=dict)
+    complete: bool = True
+    """False when the GPU table is cut off: fewer GPU rows than ``gpus_found``, or the last GPU
+    block without its closing ``+---+`` border (its fields may be missing)."""
+    error: str | None = None
+    """Why the list is incomplete; None when complete."""
 
     def by_uuid(self) -> dict[str, DcgmGpu]:
         return {g.uuid.lower(): g for g in self.gpus if g.uuid}
@@ -610,6 +715,8 @@ def parse_dcgmi_discovery(text: str) -> DcgmDiscovery:
     then ``N NvSwitches found.`` with its ``| Switch ID |`` table, and any other
     ``N <entities> found`` section (counted). ``Name: <<<NULL>>>`` -> ``name`` None; a value
     suffixed ``(last known)`` -> ``last_known`` True. A leading prompt/command line is ignored.
+    A cut-off table (fewer GPU rows than the count, or the last GPU block unclosed) is returned
+    with ``complete`` False and ``error`` set: never a shorter list read as the whole.
 
     Raises:
         ValueError: no ``N GPU(s) found`` line (not dcgmi discovery output, e.g. the host-engine
@@ -629,8 +736,12 @@ def parse_dcgmi_discovery(text: str) -> DcgmDiscovery:
             gpus.append(DcgmGpu(**cur))  # type: ignore[arg-type]
         cur = None
 
+    gpu_open = False  # a GPU block not closed by a +---+ border yet
     for raw in text.splitlines():
         line = raw.strip()
+        if line.startswith("+") and set(line) <= {"+", "-", "="}:
+            gpu_open = False
+            continue
         m = _FOUND_RE.match(line)
         if m:
             close()
@@ -658,6 +769,7 @@ def parse_dcgmi_discovery(text: str) -> DcgmDiscovery:
                 raise ValueError(f"dcgmi discovery: GPU id {ident!r} is not a number")
             close()
             cur = {"gpu_id": int(ident), "name": None, "pci_bus_id": None, "uuid": None}
+            gpu_open = True
         if cur is None or ":" not in info:
             continue
         key, value = (x.strip() for x in info.split(":", 1))
@@ -675,8 +787,19 @@ def parse_dcgmi_discovery(text: str) -> DcgmDiscovery:
     close()
     if gpus_found is None:
         raise ValueError("not dcgmi discovery -l output: no 'N GPUs found' line")
+    error = None
+    if len(gpus) < gpus_found:
+        error = f"dcgmi discovery output cut off: {len(gpus)} of {gpus_found} GPUs listed"
+    elif gpu_open and section == "gpu":
+        error = f"dcgmi discovery output cut off inside the block of GPU {gpus[-1].gpu_id}"
     return DcgmDiscovery(
-        gpus=gpus, gpus_found=gpus_found, active_only=active_only, nvswitches=nvswitches, others=others
+        gpus=gpus,
+        gpus_found=gpus_found,
+        active_only=active_only,
+        nvswitches=nvswitches,
+        others=others,
+        complete=error is None,
+        error=error,
     )
 
 
@@ -701,7 +824,8 @@ class NvlinkGpu:
 
 
 def parse_nvidia_smi_nvlink(text: str) -> list[NvlinkGpu]:
-    """Parse ``nvidia-smi nvlink --status`` (``-s``): ``GPU N: NAME (UUID: GPU-...)`` then one
+    """Parse ``nvidia-smi nvlink --status`` (``-s``; tested on an 8x A100 HGX recording whose
+    source gives no driver version): ``GPU N: NAME (UUID: GPU-...)`` then one
     ``Link N: 25 GB/s`` or ``Link N: <inactive>`` line per link (any indentation). A GPU
     without NVLink has no link lines (empty ``links``).
 

@@ -461,7 +461,8 @@ class OtlpBridge:
         """Counts since start: ``points_exported``, ``points_dropped``, ``export_retries``
         (direct metric path), ``logs_exported``, ``logs_dropped`` (failed exports),
         ``logs_queue_full`` (refused by the full export queue), ``gpus_refused`` (memory
-        bound), ``series_over_limit`` (points left out at the last export)."""
+        bound), ``gpus_lost`` (GPUs dropped at once as lost),
+        ``series_over_limit`` (points left out at the last export)."""
         out = {
             "points_exported": float(sum(e.stats.points_exported for e in self.direct_exporters)),
             "points_dropped": float(sum(e.stats.points_dropped for e in self.direct_exporters)),
@@ -472,6 +473,7 @@ class OtlpBridge:
                 sum(p.dropped for p in self.log_processors if isinstance(p, AdmittingLogRecordProcessor))
             ),
             "gpus_refused": float(self.store.gpus_refused),
+            "gpus_lost": float(self.store.gpus_lost),
         }
         return out
 

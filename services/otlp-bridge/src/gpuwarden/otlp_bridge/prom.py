@@ -47,6 +47,7 @@ _STATS = (
     ("gpuwarden_otlp_log_records_dropped", "logs_dropped"),
     ("gpuwarden_otlp_log_records_queue_full", "logs_queue_full"),
     ("gpuwarden_gpus_refused", "gpus_refused"),
+    ("gpuwarden_gpus_lost", "gpus_lost"),
 )
 _STATS_HELP = (
     ("points_exported", "OTLP metric data points accepted by the receiver (direct path)"),
@@ -56,6 +57,7 @@ _STATS_HELP = (
     ("logs_dropped", "OTLP log records whose export failed (after the exporter's own retries)"),
     ("logs_queue_full", "OTLP log records dropped because the export queue was full (receiver slow or down)"),
     ("gpus_refused", "GPU samples/events refused because the store holds max_gpus GPUs (memory bound)"),
+    ("gpus_lost", "GPUs whose series were dropped at once as lost (left out of a newer sample, or gpu-lost)"),
 )
 FAILURE_COUNT_LABELS = ("pattern", "severity", "node")
 

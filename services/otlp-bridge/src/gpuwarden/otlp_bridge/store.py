@@ -9,6 +9,16 @@ from OTLP and ``/metrics`` and cardinality stays bounded. A timestamp more than
 ``max_future_s`` ahead of the wall clock (a node with a broken clock) is stored but does
 not move the watermark, so it cannot age out the rest of the cluster.
 
+A *lost* GPU is dropped at once, not after ``staleness_s``: a node's sample lists every GPU
+NVML answers for (the collector leaves a GPU that is lost or missing out of it), so a GPU
+stored for a node and absent from a newer sample of that node is dropped, and so is a GPU
+named by a ``gpu-lost`` event at or after its latest sample (one without a GPU index, NVML
+itself failing, drops every GPU of the node), with its event counts, as a stale GPU. An XID
+79 alone does not drop it: the collector's next sample (one tick later) leaves the lost GPU
+out. Its series then vanish from ``/metrics`` (Prometheus marks them stale at the next
+scrape) and from OTLP, instead of repeating the last healthy-looking reading. The GPU comes
+back with its next sample.
+
 Thread-safe: the consumer updates it on the event loop while the OTel SDK's periodic
 reader calls the observable callbacks from its own thread.
 """
@@ -126,6 +136,9 @@ class LatestStore:
         self._event_errors: dict[tuple[str, int], dict[str | None, _JobEvents]] = {}
         self._node_states: OrderedDict[str, tuple[float, tuple[str, tuple[str, ...], str | None]]] = OrderedDict()
         self.gpus_refused = 0
+        self.gpus_lost = 0
+        """GPUs dropped at once because they were lost (absent from a newer sample of their
+        node, or a ``gpu-lost`` event), count."""
         self.nodes_forgotten = 0
         self.staleness_s = staleness_s
         self.failure_ttl_s = failure_ttl_s
@@ -160,6 +173,14 @@ class LatestStore:
             if sample.driver_version:
                 self._driver_versions[sample.node] = sample.driver_version
             driver_version = self._driver_versions.get(sample.node)
+            present = {g.index for g in sample.gpus}
+            gone = [
+                k for k, e in self._gpus.items() if k[0] == sample.node and k[1] not in present and e.ts < sample.ts
+            ]
+            for k in gone:  # lost / missing: left out of the node's newer sample
+                del self._gpus[k]
+                self._event_errors.pop(k, None)
+            self.gpus_lost += len(gone)
             for g in sample.gpus:
                 key = (sample.node, g.index)
                 old = self._gpus.get(key)
@@ -230,6 +251,8 @@ class LatestStore:
         etype = error_type_of(e)
         with self._lock:
             self._advance(ev.ts)
+            if ev.kind == EventKind.GPU_LOST:
+                self._drop_lost(ev.node, ev.gpu_index, ev.ts)
             if ev.event_id in self._seen_events:
                 self._seen_events.move_to_end(ev.event_id)
                 return False, None
@@ -253,6 +276,15 @@ class LatestStore:
             if ev.kind == EventKind.XID and ev.code is not None and ev.ts >= je.last_xid_ts:
                 je.last_xid_ts, je.last_xid = ev.ts, ev.code
             return True, etype
+
+    def _drop_lost(self, node: str, index: int | None, ts: float) -> None:
+        """Drop the lost GPU ``index`` of ``node`` (``None``: every GPU of the node) if its
+        latest sample is not newer than the event."""
+        keys = [k for k, e in self._gpus.items() if k[0] == node and (index is None or k[1] == index) and e.ts <= ts]
+        for k in keys:
+            del self._gpus[k]
+            self._event_errors.pop(k, None)
+        self.gpus_lost += len(keys)
 
     def update_node_state(self, ns: NodeState) -> bool:
         """Remember the node's state; True when it changed (or the node is new), i.e. when

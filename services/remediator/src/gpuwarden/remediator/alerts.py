@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -21,6 +22,8 @@ import aiohttp
 from pydantic import SecretStr
 
 __all__ = [
+    "RUNBOOK_BASE_URL",
+    "SEVERITY_MAP",
     "Alert",
     "AlertSink",
     "Alerter",
@@ -29,10 +32,39 @@ __all__ = [
     "MemoryAlertSink",
     "SlackSink",
     "alertmanager_payload",
+    "alertmanager_severity",
     "rfc3339",
+    "runbook_url",
+    "webhook_payload",
 ]
 
 log = logging.getLogger(__name__)
+
+#: gpuwarden severities -> the ``severity`` label that sites route on (Alertmanager convention:
+#: ``critical`` pages, ``warning`` opens a ticket, ``info`` is informational). ``fatal`` would
+#: miss a ``severity="critical"`` route, so it is sent as ``critical`` and kept as
+#: ``gpuwarden_severity``.
+SEVERITY_MAP: dict[str, str] = {"fatal": "critical", "critical": "critical", "warning": "warning", "info": "info"}
+
+#: Where the per-pattern runbooks live (``docs/runbooks/<pattern>.md`` of the repository).
+RUNBOOK_BASE_URL = "https://github.com/gpuwarden/gpuwarden/blob/main/docs/runbooks"
+
+
+def alertmanager_severity(severity: str) -> str:
+    """The routing ``severity`` label for a gpuwarden severity (:data:`SEVERITY_MAP`).
+
+    Raises:
+        ValueError: not one of ``fatal``, ``critical``, ``warning``, ``info``.
+    """
+    try:
+        return SEVERITY_MAP[severity]
+    except KeyError:
+        raise ValueError(f"unknown severity {severity!r}; expected one of {sorted(SEVERITY_MAP)}") from None
+
+
+def runbook_url(pattern: str, base: str = RUNBOOK_BASE_URL) -> str:
+    """The runbook of ``pattern``: ``<base>/<pattern>.md`` (``base`` without a trailing slash)."""
+    return f"{base.rstrip('/')}/{pattern}.md"
 
 
 def rfc3339(ts: float) -> str:
@@ -42,23 +74,29 @@ def rfc3339(ts: float) -> str:
 
 @dataclass(frozen=True)
 class Alert:
-    """One alert. ``labels`` identify it (``alertname``, ``node``, ``pattern``, ``severity``,
-    ``cluster``); ``annotations`` describe it (``summary``, ``description``)."""
+    """One alert. ``labels`` identify it (``alertname``, ``severity`` for routing,
+    ``gpuwarden_severity``, ``node``, ``gpu``, ``job_id``, ``pattern``, ``cluster``, ``dry_run``;
+    a label whose value is unknown is absent, never empty); ``annotations`` describe it
+    (``summary``, ``description``, ``runbook_url``, ``failure_id``). ``starts_at``/``ends_at``:
+    epoch s (the failure's episode); ``generator_url``: the page of the failure, if any."""
 
     labels: dict[str, str]
     annotations: dict[str, str]
     starts_at: float
     ends_at: float | None = None
     status: Literal["firing", "resolved"] = "firing"
+    generator_url: str | None = None
 
     @property
-    def key(self) -> tuple[str, str, str]:
-        """The group/de-dup key: (node, alertname, pattern)."""
-        return (self.labels.get("node", ""), self.labels.get("alertname", ""), self.labels.get("pattern", ""))
+    def key(self) -> tuple[str, str, str, str]:
+        """The group/de-dup key: (node, alertname, pattern, gpu); ``gpu`` is ``""`` for a node-level alert."""
+        lb = self.labels
+        return (lb.get("node", ""), lb.get("alertname", ""), lb.get("pattern", ""), lb.get("gpu", ""))
 
 
 def alertmanager_payload(alerts: list[Alert], generator_url: str | None = None) -> list[dict[str, Any]]:
-    """The body of ``POST /api/v2/alerts`` (a list of postable alerts)."""
+    """The body of ``POST /api/v2/alerts`` (a list of postable alerts). ``generator_url`` is
+    the fallback ``generatorURL`` for alerts that carry none of their own."""
     out: list[dict[str, Any]] = []
     for a in alerts:
         d: dict[str, Any] = {
@@ -67,11 +105,60 @@ def alertmanager_payload(alerts: list[Alert], generator_url: str | None = None) 
             "startsAt": rfc3339(a.starts_at),
         }
         if a.ends_at is not None:
-            d["endsAt"] = rfc3339(a.ends_at)
-        if generator_url:
-            d["generatorURL"] = generator_url
+            d["endsAt"] = rfc3339(max(a.ends_at, a.starts_at))
+        if a.generator_url or generator_url:
+            d["generatorURL"] = a.generator_url or generator_url
         out.append(d)
     return out
+
+
+_ZERO_TIME = "0001-01-01T00:00:00Z"  # what Alertmanager's webhook sends as endsAt of a firing alert
+
+
+def webhook_payload(
+    alerts: list[Alert], receiver: str = "gpuwarden", external_url: str = "", generator_url: str | None = None
+) -> dict[str, Any]:
+    """Alertmanager's webhook body (``version`` 4): ``receiver``, ``status``, ``alerts`` (each
+    ``status``, ``labels``, ``annotations``, ``startsAt``, ``endsAt``, ``generatorURL``,
+    ``fingerprint``), ``groupLabels``, ``commonLabels``, ``commonAnnotations``, ``externalURL``,
+    ``truncatedAlerts`` and ``groupKey``, so a receiver written for Alertmanager parses it.
+    The group is the batch (grouped by ``alertname``, ``node`` when they are common)."""
+    if not alerts:
+        raise ValueError("webhook_payload needs at least one alert")
+    items: list[dict[str, Any]] = []
+    for a, p in zip(alerts, alertmanager_payload(alerts, generator_url), strict=True):
+        fp = hashlib.sha256("\x1f".join(f"{k}={v}" for k, v in sorted(a.labels.items())).encode()).hexdigest()[:16]
+        items.append(
+            {
+                "status": a.status,
+                "labels": p["labels"],
+                "annotations": p["annotations"],
+                "startsAt": p["startsAt"],
+                "endsAt": p.get("endsAt", _ZERO_TIME),
+                "generatorURL": p.get("generatorURL", ""),
+                "fingerprint": fp,
+            }
+        )
+
+    def common(maps: list[dict[str, str]]) -> dict[str, str]:
+        first = maps[0]
+        return {k: v for k, v in first.items() if all(m.get(k) == v for m in maps[1:])}
+
+    common_labels = common([a.labels for a in alerts])
+    group_labels = {k: common_labels[k] for k in ("alertname", "node") if k in common_labels}
+    group_key = "{}:{" + ", ".join(f'{k}="{v}"' for k, v in sorted(group_labels.items())) + "}"
+    return {
+        "version": "4",
+        "groupKey": group_key,
+        "truncatedAlerts": 0,
+        "status": "firing" if any(a.status == "firing" for a in alerts) else "resolved",
+        "receiver": receiver,
+        "groupLabels": group_labels,
+        "commonLabels": common_labels,
+        "commonAnnotations": common([a.annotations for a in alerts]),
+        "externalURL": external_url,
+        "alerts": items,
+    }
 
 
 class AlertSink(Protocol):
@@ -164,25 +251,22 @@ class SlackSink(_HttpSink):
 
 
 class JsonWebhookSink(_HttpSink):
-    """A generic JSON webhook (Alertmanager-webhook-like body: ``version``, ``status``,
-    ``alerts`` with ``status``/``labels``/``annotations``/``startsAt``/``endsAt``);
-    ``token`` is sent as ``Authorization: Bearer``."""
+    """A generic JSON webhook that gets Alertmanager's webhook format (:func:`webhook_payload`,
+    receiver ``gpuwarden``), so receivers written for Alertmanager parse it; ``token`` is sent
+    as ``Authorization: Bearer``."""
 
     name = "webhook"
     refresh = False
 
-    def __init__(self, url: SecretStr, token: SecretStr | None = None, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, url: SecretStr, token: SecretStr | None = None, timeout_s: float = 5.0, external_url: str = ""
+    ) -> None:
         super().__init__(url, timeout_s, token)
+        self.external_url = external_url
 
     async def send(self, alerts: list[Alert]) -> None:
-        """POST the batch."""
-        body = {
-            "version": "1",
-            "source": "gpuwarden-remediator",
-            "status": "firing" if any(a.status == "firing" for a in alerts) else "resolved",
-            "alerts": [{**p, "status": a.status} for a, p in zip(alerts, alertmanager_payload(alerts), strict=True)],
-        }
-        await self._post(body)
+        """POST the batch as one Alertmanager webhook notification."""
+        await self._post(webhook_payload(alerts, "gpuwarden", self.external_url))
 
 
 @dataclass
@@ -203,18 +287,66 @@ class Alerter:
     backoff_s: float = 0.2
     repeat_s: float = 60.0
     now: Callable[[], float] = time.time
-    active: dict[tuple[str, str, str], Alert] = field(default_factory=dict)
+    active: dict[tuple[str, str, str, str], Alert] = field(default_factory=dict)
     delivered: int = 0
     failed: int = 0
     _last_refresh: float = 0.0
 
+    runbook_base: str = RUNBOOK_BASE_URL
+
     async def fire(
-        self, alertname: str, node: str, pattern: str, severity: str, summary: str, description: str = ""
+        self,
+        alertname: str,
+        node: str,
+        pattern: str,
+        severity: str,
+        summary: str,
+        description: str = "",
+        *,
+        gpu: int | None = None,
+        job_id: str | None = None,
+        dry_run: bool | None = None,
+        starts_at: float | None = None,
+        failure_id: str | None = None,
+        generator_url: str | None = None,
+        extra_labels: dict[str, str] | None = None,
     ) -> bool:
-        """Fire an alert; a group already firing is not sent again. Returns True if sent."""
-        labels = {**self.labels, "alertname": alertname, "node": node, "pattern": pattern, "severity": severity}
+        """Fire an alert; a group already firing is not sent again. Returns True if sent.
+
+        ``severity`` is gpuwarden's (``fatal``/``critical``/``warning``/``info``): the alert's
+        ``severity`` label is :func:`alertmanager_severity` of it, the original is
+        ``gpuwarden_severity``. ``gpu``/``job_id``/``dry_run`` become labels when given;
+        ``starts_at`` (epoch s, default now) is the episode start; ``failure_id`` and the
+        pattern's runbook (``runbook_url``) become annotations.
+
+        Raises:
+            ValueError: an unknown severity.
+        """
+        labels = {
+            **self.labels,
+            **(extra_labels or {}),
+            "alertname": alertname,
+            "node": node,
+            "pattern": pattern,
+            "severity": alertmanager_severity(severity),
+            "gpuwarden_severity": severity,
+        }
+        if gpu is not None:
+            labels["gpu"] = str(gpu)
+        if job_id:
+            labels["job_id"] = job_id
+        if dry_run is not None:
+            labels["dry_run"] = "true" if dry_run else "false"
+        ann = {"summary": summary, "description": description or summary}
+        if pattern:
+            ann["runbook_url"] = runbook_url(pattern, self.runbook_base)
+        if failure_id:
+            ann["failure_id"] = failure_id
         a = Alert(
-            labels=labels, annotations={"summary": summary, "description": description or summary}, starts_at=self.now()
+            labels=labels,
+            annotations=ann,
+            starts_at=self.now() if starts_at is None else starts_at,
+            generator_url=generator_url,
         )
         if a.key in self.active:
             return False
@@ -222,17 +354,30 @@ class Alerter:
         await self._deliver([a], all_sinks=True)
         return True
 
-    async def resolve(self, node: str, alertname: str | None = None, pattern: str | None = None) -> int:
-        """Resolve the firing alerts of ``node`` (optionally only one name/pattern); returns how many."""
+    async def resolve(
+        self,
+        node: str,
+        alertname: str | None = None,
+        pattern: str | None = None,
+        *,
+        gpu: int | None = None,
+        ends_at: float | None = None,
+    ) -> int:
+        """Resolve the firing alerts of ``node`` (optionally only one name, pattern or GPU);
+        ``ends_at`` (epoch s, default now) is the episode's end. Returns how many."""
+        g = None if gpu is None else str(gpu)
         keys = [
             k
             for k in self.active
-            if k[0] == node and (alertname is None or k[1] == alertname) and (pattern is None or k[2] == pattern)
+            if k[0] == node
+            and (alertname is None or k[1] == alertname)
+            and (pattern is None or k[2] == pattern)
+            and (g is None or k[3] == g)
         ]
         if not keys:
             return 0
-        now = self.now()
-        done = [replace(self.active.pop(k), status="resolved", ends_at=now) for k in keys]
+        end = self.now() if ends_at is None else ends_at
+        done = [replace(self.active.pop(k), status="resolved", ends_at=end) for k in keys]
         await self._deliver(done, all_sinks=True)
         return len(done)
 

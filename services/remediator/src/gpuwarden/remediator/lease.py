@@ -93,8 +93,16 @@ class KafkaLease:
         group: consumer group shared by all replicas of this cluster's remediator.
     """
 
-    def __init__(self, bootstrap_servers: str, topic: str, group: str, session_timeout_ms: int = 10000) -> None:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        group: str,
+        session_timeout_ms: int = 10000,
+        client_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         self.bootstrap_servers = bootstrap_servers
+        self._kw = {k: v for k, v in (client_kwargs or {}).items() if k != "bootstrap_servers"}
         self.topic = topic
         self.group = group
         self.session_timeout_ms = session_timeout_ms
@@ -106,7 +114,7 @@ class KafkaLease:
         from aiokafka.admin import AIOKafkaAdminClient, NewTopic
         from aiokafka.errors import TopicAlreadyExistsError
 
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap_servers)
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap_servers, **self._kw)
         await admin.start()
         try:
             if self.topic not in await admin.list_topics():
@@ -137,6 +145,7 @@ class KafkaLease:
         await self._ensure_topic()
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap_servers,
+            **self._kw,
             group_id=self.group,
             session_timeout_ms=self.session_timeout_ms,
             heartbeat_interval_ms=max(self.session_timeout_ms // 5, 100),

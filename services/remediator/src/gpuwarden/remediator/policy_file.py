@@ -12,7 +12,7 @@ Example (``services/remediator/policy.example.yaml``)::
         severity: [critical, fatal]
         action: drain
       - id: ecc
-        pattern: "ecc-*"          # fnmatch glob
+        pattern: "*ecc*"          # fnmatch glob: uncorrectable-ecc, correctable-ecc-storm
         action: drain
         confirm: true             # needs a second signal (see below)
       - id: thermal
@@ -22,6 +22,11 @@ Example (``services/remediator/policy.example.yaml``)::
     partitions:                   # per-partition rules, tried before the global ones
       debug:
         - {id: debug-never-drain, pattern: "*", action: alert}
+
+Every rule's ``pattern`` must match at least one canonical pattern
+(:data:`gpuwarden.shared.models.PATTERNS`): a glob that matches none (a typo, ``ecc-*`` when the
+patterns are ``uncorrectable-ecc`` and ``correctable-ecc-storm``) is an error at load, not a rule
+that silently never fires.
 
 A *second signal* confirms a failure when the failure folds at least two occurrences, its
 evidence names two different signals, or another open failure on the same node was seen
@@ -39,7 +44,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gpuwarden.shared.models import Action, Failure, Severity
+from gpuwarden.shared.models import PATTERNS, Action, Failure, Severity
 
 __all__ = ["DEFAULT_POLICY", "PolicyAction", "PolicyError", "PolicyFile", "PolicyRule", "load_policy"]
 
@@ -75,6 +80,15 @@ class PolicyRule(BaseModel):
     def _printable(cls, v: str) -> str:
         if not v.isprintable():
             raise ValueError("pattern must be printable, one line")
+        if not fnmatch.filter(PATTERNS, v):
+            near = sorted(
+                p for p in PATTERNS if any(w and w in p for w in v.replace("*", " ").replace("?", " ").split())
+            )
+            hint = f"; did you mean one of {near}?" if near else ""
+            raise ValueError(
+                f"pattern {v!r} matches no known failure pattern (gpuwarden.shared.models.PATTERNS, "
+                f"DESIGN section 5){hint}"
+            )
         return v
 
     def matches(self, f: Failure) -> bool:

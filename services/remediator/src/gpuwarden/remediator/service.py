@@ -22,6 +22,8 @@ from typing import Any, Literal
 
 from aiohttp import web
 from aiokafka import ConsumerRecord
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from pydantic import BaseModel, Field, SecretStr
 
 from gpuwarden.shared.bus import Consumer, Producer
@@ -39,7 +41,8 @@ from gpuwarden.shared.service import Service
 from gpuwarden.shared.settings import ServiceSettings
 from gpuwarden.shared.slurm import DEFAULT_SIM_STATE_FILE, SlurmClient, SlurmError, build_client, drain_argv
 
-from .alerts import Alerter, AlertmanagerSink, AlertSink, JsonWebhookSink, SlackSink
+from .alerts import RUNBOOK_BASE_URL, Alerter, AlertmanagerSink, AlertSink, JsonWebhookSink, SlackSink
+from .intents import intended_reason, open_intents, read_remediations
 from .lease import KafkaLease, Lease, NoLease
 from .policy import (
     REASON_PREFIX,
@@ -56,7 +59,15 @@ from .policy import (
 )
 from .policy_file import PolicyFile, load_policy
 
-__all__ = ["Ledger", "Remediator", "RemediatorSettings", "make_client", "resume_node"]
+__all__ = ["HEALTH_REASON_PREFIXES", "Ledger", "Remediator", "RemediatorSettings", "make_client", "resume_node"]
+
+#: Drain reasons the Slurm health-check wrapper (deploy/slurm/prolog-gpuwarden.sh) sets. A node
+#: drained with one of them is resumed by the remediator after a later passing health check,
+#: under the same own-reason rule as its own drains (an operator's reason is never touched).
+HEALTH_REASON_PREFIXES = ("gpuwarden prolog:", "gpuwarden epilog:", "gpuwarden periodic:")
+#: A health-check run publishes one result per check; a pass counts once no result of the node
+#: has arrived for this long (so a failing check of the same run is not missed), wall s.
+HEALTH_SETTLE_S = 2.0
 
 log = logging.getLogger(__name__)
 
@@ -91,11 +102,33 @@ class RemediatorSettings(ServiceSettings):
     remediator_command_retries: int = Field(2, ge=0, description="Retries after a timeout or transient error")
     remediator_retry_backoff_s: float = Field(0.5, ge=0, description="First retry backoff (doubles), s")
     remediator_resume_interval_s: float = Field(5.0, gt=0, description="How often resumes are checked, s")
+    remediator_cluster_refresh_s: float = Field(
+        0.0,
+        ge=0,
+        description="Max age of the node list read from Slurm for the breaker's share (0 = read at "
+        "every drain decision), s",
+    )
     remediator_alertmanager_url: SecretStr | None = Field(None, description="Alertmanager base URL")
     remediator_slack_webhook_url: SecretStr | None = Field(None, description="Slack-compatible webhook URL")
     remediator_webhook_url: SecretStr | None = Field(None, description="Generic JSON webhook URL")
     remediator_webhook_token: SecretStr | None = Field(None, description="Bearer token of the JSON webhook")
     remediator_alert_repeat_s: float = Field(60.0, gt=0, description="Re-send interval to Alertmanager, s")
+    remediator_console_url: str | None = Field(
+        None, description="Base URL of a console: an alert's generatorURL is <base>/failures/<failure_id>"
+    )
+    remediator_external_url: str | None = Field(
+        None,
+        description="How people reach this remediator's HTTP port (e.g. http://central:9402); without a console, "
+        "generatorURL is <this>/failures/<failure_id> (the remediator's decisions on that failure, JSON)",
+    )
+    remediator_runbook_base_url: str = Field(
+        RUNBOOK_BASE_URL, description="Base of the per-pattern runbooks: runbook_url is <base>/<pattern>.md"
+    )
+
+    def generator_url(self, failure_id: str) -> str | None:
+        """The ``generatorURL`` of an alert about ``failure_id`` (None: neither URL is set)."""
+        base = self.remediator_console_url or self.remediator_external_url
+        return f"{base.rstrip('/')}/failures/{failure_id}" if base else None
 
     def policy(self) -> PolicyConfig:
         """The safety limits as a :class:`PolicyConfig`."""
@@ -116,7 +149,13 @@ class RemediatorSettings(ServiceSettings):
         if self.remediator_slack_webhook_url:
             sinks.append(SlackSink(self.remediator_slack_webhook_url))
         if self.remediator_webhook_url:
-            sinks.append(JsonWebhookSink(self.remediator_webhook_url, self.remediator_webhook_token))
+            sinks.append(
+                JsonWebhookSink(
+                    self.remediator_webhook_url,
+                    self.remediator_webhook_token,
+                    external_url=self.remediator_external_url or "",
+                )
+            )
         return sinks
 
 
@@ -218,12 +257,22 @@ class Remediator(Service):
         self.cfg = settings.policy()
         self.history = History()
         self.nodes: dict[str, NodeState] = {}
+        """Last known node states from ``slurm.nodes`` (the bus): used to find health-check
+        drains to look at, never to decide (every decision re-reads Slurm)."""
+        self.slurm_nodes: dict[str, NodeState] = {}
+        """Every node as Slurm itself listed it (``sinfo``, at most ``remediator_cluster_refresh_s``
+        old): the breaker's cluster. Never filled from bus messages, so forged ``slurm.nodes``
+        records cannot raise its denominator."""
+        self._slurm_nodes_at = float("-inf")
+        self.intents: dict[str, Remediation] = {}
+        """Intents published whose outcome is not recorded yet (also in the ledger)."""
         self.decisions: dict[str, int] = {}
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=50)
         self.alerter = alerter or Alerter(
             settings.alert_sinks(),
             labels={"cluster": settings.remediator_cluster, "service": "gpuwarden-remediator"},
             repeat_s=settings.remediator_alert_repeat_s,
+            runbook_base=settings.remediator_runbook_base_url,
         )
         if lease is None:
             lease = (
@@ -232,6 +281,7 @@ class Remediator(Service):
                     # not a registered data topic (no schema): named here, created by the lease
                     f"{settings.topic_prefix}remediator.lease.{settings.remediator_cluster}",
                     f"{settings.consumer_group or 'gpuwarden-remediator'}-lease",
+                    client_kwargs=settings.kafka_kwargs(),
                 )
                 if settings.remediator_lease == "kafka"
                 else NoLease()
@@ -239,11 +289,16 @@ class Remediator(Service):
         self.lease = lease
         self.ledger = Ledger(settings.remediator_ledger_file) if settings.remediator_ledger_file else None
         self._reset_seen = 0.0
+        self._health_seen: dict[str, float] = {}  # node -> wall time of its last health result
+        # (node, reason, drain time) already resumed / dry-run: a later drain with the same text is a new one
+        self._health_done: set[tuple[str, str, float]] = set()
         self._lock = asyncio.Lock()
         self.failures_consumer: Consumer | None = None
         """The ``failures`` consumer while this replica holds a (non-trivial) lease."""
         self.http.extra_routes.append(web.post("/breaker/reset", self._reset_view))
         self.http.extra_routes.append(web.get("/status", self._status_view))
+        self.http.extra_routes.append(web.get("/failures/{failure_id}", self._failure_view))
+        self.metrics.registry.register(_RemediatorCollector(self))
 
     # -- lifecycle -----------------------------------------------------------------
     async def on_start(self) -> None:
@@ -257,6 +312,12 @@ class Remediator(Service):
         reads ``slurm.nodes`` and ``health`` completely, in a group of its own, so a replica that
         takes over already knows the nodes and the passed health checks."""
         await self.seed()
+        if isinstance(self.producer, Producer):
+            try:
+                for r in open_intents(await read_remediations(self.settings)):
+                    self.intents.setdefault(r.remediation_id, r)
+            except Exception as exc:
+                log.error("cannot read remediations to reconcile open intents: %s: %s", type(exc).__name__, exc)
         await self.lease.start()
         if isinstance(self.lease, NoLease):
             self.consume(["failures", "slurm.nodes", "health"], self._on_message)
@@ -324,11 +385,20 @@ class Remediator(Service):
                 self.history = History.from_json(data["history"])
             self.recent.extend(data.get("recent", []))
             self._reset_seen = float(data.get("breaker_reset_at") or 0.0)
+            for raw in data.get("intents", []):
+                try:
+                    r = Remediation.model_validate(raw)
+                except ValueError as exc:
+                    log.error("ignoring an unreadable intent in the ledger: %s", exc)
+                    continue
+                self.intents[r.remediation_id] = r
         try:
             nodes = await self.client.nodes()
         except (SlurmError, OSError, ValueError) as exc:
             log.warning("cannot read nodes from Slurm at start: %s", exc)
             return
+        self.slurm_nodes = {n.node: n for n in nodes}
+        self._slurm_nodes_at = time.monotonic()
         for n in nodes:
             self.nodes[n.node] = n
             if is_out(n) and is_ours(n.reason) and n.node not in self.history.drained:
@@ -339,6 +409,8 @@ class Remediator(Service):
 
     async def _periodic(self) -> None:
         while True:
+            if self.intents and self.lease.held():
+                await self.reconcile()
             await asyncio.sleep(self.settings.remediator_resume_interval_s)
             await self.resume_due()
             await self.alerter.tick()
@@ -352,8 +424,10 @@ class Remediator(Service):
             self.note_health(value)
 
     def note_health(self, result: HealthCheckResult) -> None:
-        """Remember a health check result of the ``health`` topic (for ``require_health_check``)."""
+        """Remember a health check result of the ``health`` topic (for ``require_health_check``
+        and for resuming nodes the health check drained)."""
         self.history.note_health(result.node, result.ts, result.passed)
+        self._health_seen[result.node] = time.monotonic()
 
     # -- failures -> decisions ------------------------------------------------------
     async def handle_failure(self, f: Failure) -> Remediation:
@@ -391,9 +465,85 @@ class Remediator(Service):
                 return await self._finish(f, d, await self._plain(f, d))
             if node is not None:
                 self.nodes[node.node] = node
-            d = decide(f, node, self.nodes.values(), self.history, self.cfg, now, self.policy_file)
+            try:
+                cluster = await self._cluster()
+            except (SlurmError, OSError, ValueError) as exc:
+                d = Decision(
+                    D.FAILED,
+                    f"[rule=slurm-read] cannot list the nodes from Slurm (the breaker needs them): {exc}",
+                    f.recommended_action,
+                    rule="slurm-read",
+                    alert=True,
+                )
+                await self._alert(f, d)
+                return await self._finish(f, d, await self._plain(f, d))
+            d = decide(f, node, cluster, self.history, self.cfg, now, self.policy_file)
             self.history.note_seen(f, now, self.policy_file.confirm_window_s)
             return await self._finish(f, d, await self._carry_out(f, d, node, now))
+
+    async def _cluster(self) -> list[NodeState]:
+        """Every node as Slurm lists it (cached up to ``remediator_cluster_refresh_s``).
+
+        Raises:
+            SlurmError, OSError, ValueError: Slurm could not be read and there is no fresh list.
+        """
+        if time.monotonic() - self._slurm_nodes_at > self.settings.remediator_cluster_refresh_s:
+            nodes = await self.client.nodes()
+            self.slurm_nodes = {n.node: n for n in nodes}
+            self._slurm_nodes_at = time.monotonic()
+        return list(self.slurm_nodes.values())
+
+    async def reconcile(self) -> list[Remediation]:
+        """Give every open intent (published before a drain command whose outcome was never
+        recorded: the remediator died in between) its outcome, from the node as Slurm shows it
+        now: drained with the intended reason -> ``executed`` (the drain is adopted, so it is
+        resumed later); out with another reason -> ``refused`` (never gpuwarden's, never
+        resumed); not drained -> ``failed`` (the failure is decided again when it is
+        redelivered). A node Slurm cannot be asked about stays open for the next try.
+        Returns the outcomes published."""
+        out: list[Remediation] = []
+        async with self._lock:
+            for key, intent in list(self.intents.items()):
+                reason = intended_reason(intent)
+                try:
+                    node = await self.client.node(intent.node)
+                except (SlurmError, OSError, ValueError) as exc:
+                    log.warning("cannot reconcile the intent on %s yet: %s", intent.node, exc)
+                    continue
+                if node is not None and is_out(node) and reason is not None and node.reason == reason:
+                    decision, why = D.EXECUTED, "[rule=reconciled] the drain landed before the remediator stopped"
+                    rec = DrainRecord(intent.node, reason, node.reason_ts or intent.ts)
+                    for fid in intent.failure_ids:
+                        rec.failures[id8(fid)] = FailureNote(fid, reason[len(REASON_PREFIX) :].split()[0])
+                        self.history.handled.add(fid)
+                    self.history.drained[intent.node] = rec
+                    if not any(n == intent.node and t >= intent.ts for n, t in self.history.drains):
+                        self.history.record_drain(intent.node, intent.ts)
+                elif node is not None and is_out(node):
+                    decision = D.REFUSED
+                    why = (f"[rule=foreign-reason] reconciled: {intent.node} has reason {node.reason!r}, not the "
+                           f"intended {reason!r}; never gpuwarden's, never resumed")  # fmt: skip
+                    self.history.handled.update(intent.failure_ids)
+                else:
+                    decision = D.FAILED
+                    why = "[rule=reconciled] interrupted before the drain took effect; decided again on redelivery"
+                rem = intent.model_copy(
+                    update={
+                        "remediation_id": stable_id("reconcile", intent.remediation_id, decision.value),
+                        "decided_at": time.time(),
+                        "decision": decision,
+                        "reason": why,
+                        "intent_id": intent.remediation_id,
+                    }
+                )
+                await self.publish("remediations", intent.node, rem)
+                await self.producer.flush()
+                del self.intents[key]
+                self.decisions[decision.value] = self.decisions.get(decision.value, 0) + 1
+                log.warning("reconciled intent on %s: %s %s", intent.node, decision.value, why)
+                out.append(rem)
+            self._save()
+        return out
 
     async def _finish(self, f: Failure, d: Decision, rem: Remediation) -> Remediation:
         self.decisions[rem.decision.value] = self.decisions.get(rem.decision.value, 0) + 1
@@ -436,6 +586,7 @@ class Remediator(Service):
         argv: list[str] | None = None,
         exit_code: int | None = None,
         output: str | None = None,
+        intent_id: str | None = None,
     ) -> Remediation:
         act = action or d.action
         return Remediation(
@@ -451,13 +602,34 @@ class Remediator(Service):
             failure_ids=[f.failure_id],
             exit_code=exit_code,
             output=output,
+            intent_id=intent_id,
         )
 
     async def _plain(self, f: Failure, d: Decision) -> Remediation:
         return self._remediation(f, d, d.decision, d.reason)
 
+    async def _fire(
+        self, name: str, f: Failure, summary: str, severity: str | None = None, description: str | None = None
+    ) -> bool:
+        """Fire an alert about ``f``: its GPU, job, episode start, failure id, dry-run flag,
+        runbook and generatorURL."""
+        return await self.alerter.fire(
+            name,
+            f.node,
+            f.pattern,
+            severity or f.severity.value,
+            summary,
+            description or f.verdict,
+            gpu=f.gpu_index,
+            job_id=f.job_id,
+            dry_run=not self.cfg.enforce,
+            starts_at=f.first_seen,
+            failure_id=f.failure_id,
+            generator_url=self.settings.generator_url(f.failure_id),
+        )
+
     async def _alert(self, f: Failure, d: Decision, name: str = "GpuwardenRemediationRefused") -> None:
-        await self.alerter.fire(name, f.node, f.pattern, f.severity.value, f"{f.node}: {d.reason}", f.verdict)
+        await self._fire(name, f, f"{f.node}: {d.reason}")
 
     async def _carry_out(self, f: Failure, d: Decision, node: NodeState | None, now: float) -> Remediation:
         argv: list[str] = []
@@ -481,21 +653,30 @@ class Remediator(Service):
                 f"remediator stopped draining: {d.reason}",
                 "Stays open until a person runs `gpuwarden remediator reset-breaker`.",
             )
+        intent_id: str | None = None
         if d.kind == "drain" and decision == D.EXECUTED:
             assert d.slurm_reason is not None
-            ok, argv2, exit_code, output, err = await self._drain_with_retries(f.node, d.slurm_reason)
+            # the intent is on the broker (confirmed) before the command runs: a crash in
+            # between leaves an intent without an outcome, reconciled at the next start.
+            # A DeliveryError here propagates: the failure is not handled and is read again.
+            intent = self._remediation(f, d, D.INTENT, f"{reason} (intent: about to run the command)", argv=argv)
+            self.intents[intent.remediation_id] = intent
+            self._save()
+            await self.publish("remediations", f.node, intent)
+            await self.producer.flush()
+            intent_id = intent.remediation_id
+            status, argv2, exit_code, output, err = await self._drain_with_retries(f.node, d.slurm_reason)
             argv = argv2 or argv
-            if not ok:
+            self.intents.pop(intent_id, None)
+            if status == "foreign":
+                decision = D.REFUSED
+                reason = f"[rule=foreign-reason] {err}; never overwriting someone else's reason"
+                self.history.handled.add(f.failure_id)
+                await self._fire("GpuwardenRemediationRefused", f, f"{f.node}: {reason}")
+            elif status != "ok":
                 decision, reason = D.FAILED, f"[rule=command] drain failed after retries: {err}"
                 self.history.handled.add(f.failure_id)  # never loop on it: a person looks (alerted)
-                await self.alerter.fire(
-                    "GpuwardenRemediationFailed",
-                    f.node,
-                    f.pattern,
-                    "critical",
-                    f"drain of {f.node} failed: {err}",
-                    f.verdict,
-                )
+                await self._fire("GpuwardenRemediationFailed", f, f"drain of {f.node} failed: {err}", "critical")
         if d.kind == "drain" and decision in (D.EXECUTED, D.DRY_RUN):
             self.history.handled.add(f.failure_id)
             self.history.record_drain(f.node, now)
@@ -504,29 +685,24 @@ class Remediator(Service):
                 rec = DrainRecord(f.node, d.slurm_reason, now)
                 rec.failures[id8(f.failure_id)] = FailureNote(f.failure_id, f.pattern)
                 self.history.drained[f.node] = rec
-                if f.node in self.nodes:
-                    cur = self.nodes[f.node]
-                    self.nodes[f.node] = cur.model_copy(
-                        update={"flags": [*cur.flags, "DRAIN"], "reason": d.slurm_reason}
-                    )
-                await self.alerter.fire(
-                    "GpuwardenNodeDrained",
-                    f.node,
-                    f.pattern,
-                    f.severity.value,
-                    f"gpuwarden drained {f.node}: {f.pattern} (failure {id8(f.failure_id)})",
-                    f.verdict,
-                )
+                for known in (self.nodes, self.slurm_nodes):
+                    if f.node in known:
+                        cur = known[f.node]
+                        known[f.node] = cur.model_copy(
+                            update={"flags": [*cur.flags, "DRAIN"], "reason": d.slurm_reason}
+                        )
+            # a dry run alerts exactly as a drain does (same name and labels, dry_run="true"):
+            # a team evaluating gpuwarden before enforcing hears what it would have done
+            gpu = "" if f.gpu_index is None else f" GPU {f.gpu_index}"
+            what = "drained" if decision == D.EXECUTED else "would drain (dry-run, not drained)"
+            await self._fire(
+                "GpuwardenNodeDrained",
+                f,
+                f"gpuwarden {what} {f.node}: {f.pattern}{gpu} (failure {id8(f.failure_id)})",
+            )
         elif d.kind == "alert" and decision == D.EXECUTED:
             self.history.handled.add(f.failure_id)
-            await self.alerter.fire(
-                "GpuwardenFailure",
-                f.node,
-                f.pattern,
-                f.severity.value,
-                f"{f.pattern} on {f.node} (alert only, not drained)",
-                f.verdict,
-            )
+            await self._fire("GpuwardenFailure", f, f"{f.pattern} on {f.node} (alert only, not drained)")
         elif d.rule == "already-drained" and node is not None:
             held = self.history.drained.get(f.node)
             if held is None and node.reason:
@@ -537,11 +713,16 @@ class Remediator(Service):
                 self.history.handled.add(f.failure_id)
         elif d.alert and decision == D.REFUSED and d.rule != "breaker-window" and d.rule != "breaker-fraction":
             await self._alert(f, d)
-        return self._remediation(f, d, decision, reason, argv=argv, exit_code=exit_code, output=output)
+        return self._remediation(
+            f, d, decision, reason, argv=argv, exit_code=exit_code, output=output, intent_id=intent_id
+        )
 
-    async def _drain_with_retries(self, name: str, reason: str) -> tuple[bool, list[str], int | None, str | None, str]:
-        """Drain with retries and exponential backoff. Before each retry the node is read
-        again: if the drain did land (e.g. a timeout after Slurm applied it) it is not repeated."""
+    async def _drain_with_retries(self, name: str, reason: str) -> tuple[str, list[str], int | None, str | None, str]:
+        """Drain with retries and exponential backoff, never blindly: before every attempt the
+        node is read again and the own-reason rule re-applied. Returns ``(status, argv, exit
+        code, output, error)``; status ``ok`` (drained with ``reason``: by this call, or an
+        earlier attempt that landed despite its error), ``foreign`` (meanwhile out with a
+        reason that is not this drain's: left alone, ``error`` says whose), ``failed``."""
         tries = 1 + self.settings.remediator_command_retries
         err = ""
         argv: list[str] = []
@@ -550,12 +731,19 @@ class Remediator(Service):
         for attempt in range(tries):
             if attempt:
                 await asyncio.sleep(self.settings.remediator_retry_backoff_s * 2 ** (attempt - 1))
-                try:
-                    cur = await self.client.node(name)
-                except (SlurmError, OSError, ValueError):
-                    cur = None
-                if cur is not None and cur.drained and cur.reason == reason:
-                    return True, argv, code, out, ""
+            try:
+                cur = await self.client.node(name)
+            except (SlurmError, OSError, ValueError) as exc:
+                err = f"cannot re-read {name} before the attempt (no blind write): {exc}"
+                log.warning("drain of %s: %s (try %d/%d)", name, err, attempt + 1, tries)
+                continue
+            if cur is None:
+                return "failed", argv, code, out, f"{name} is no longer known to Slurm"
+            if is_out(cur):
+                if cur.reason == reason:
+                    return "ok", argv, code, out, ""
+                who = f" by {cur.reason_user}" if cur.reason_user else ""
+                return "foreign", argv, code, out, f"{name} is now {cur.state}{who} with reason {cur.reason!r}"
             try:
                 res = await self.client.update_node(name, "DRAIN", reason)
             except (SlurmError, OSError, ValueError) as exc:
@@ -564,16 +752,25 @@ class Remediator(Service):
                 continue
             argv, code, out = list(res.argv), res.exit_code, res.output() or None
             if res.ok:
-                return True, argv, code, out, ""
+                return "ok", argv, code, out, ""
             err = f"scontrol exit {res.exit_code}: {res.output(300)}"
             log.warning("drain of %s failed (try %d/%d): %s", name, attempt + 1, tries, err)
-        return False, argv, code, out, err
+        # the last attempt may have landed after all (a timeout): the node decides
+        try:
+            cur = await self.client.node(name)
+        except (SlurmError, OSError, ValueError):
+            cur = None
+        if cur is not None and is_out(cur) and cur.reason == reason:
+            return "ok", argv, code, out, ""
+        if cur is not None and is_out(cur):
+            return "foreign", argv, code, out, f"{name} is now {cur.state} with reason {cur.reason!r}"
+        return "failed", argv, code, out, err
 
     # -- resolution -> resume ----------------------------------------------------------
     async def _on_resolved(self, f: Failure, now: float) -> tuple[Decision, Remediation]:
-        """Note a resolved failure behind a drain; resolve its alerts."""
-        await self.alerter.resolve(f.node, "GpuwardenFailure", f.pattern)
-        await self.alerter.resolve(f.node, "GpuwardenRemediationRefused", f.pattern)
+        """Note a resolved failure behind a drain; resolve its alerts (every alert about this
+        node, pattern and GPU, ``endsAt`` = the episode's last signal)."""
+        await self.alerter.resolve(f.node, pattern=f.pattern, gpu=f.gpu_index, ends_at=f.last_seen)
         rec = self.history.drained.get(f.node)
         note = rec.failures.get(id8(f.failure_id)) if rec else None
         if rec is None or note is None:
@@ -618,7 +815,7 @@ class Remediator(Service):
                         decision, argv = D.DRY_RUN, drain_argv(name, "RESUME", None)
                         reason += " (dry-run)"
                     else:
-                        ok, argv, code, output, err = await self._resume_with_retries(name)
+                        ok, argv, code, output, err = await self._resume_with_retries(name, rec.reason)
                         decision = D.EXECUTED if ok else D.FAILED
                         if not ok:
                             reason = f"[rule=command] resume failed after retries: {err}"
@@ -663,15 +860,101 @@ class Remediator(Service):
                 await self.publish("remediations", name, rem)
                 log.warning("%s resume of %s (rule %s): %s", decision.value, name, rd.rule, rem.reason)
                 out.append(rem)
+            out.extend(await self._resume_health_drains())
             self._save()
         return out
 
-    async def _resume_with_retries(self, name: str) -> tuple[bool, list[str], int | None, str | None, str]:
+    async def _resume_health_drains(self) -> list[Remediation]:
+        """Resume nodes the Slurm health-check wrapper drained (reason starting with one of
+        :data:`HEALTH_REASON_PREFIXES`) once a health check of that node passed after the drain
+        and after its last failed check, with no failed check since (the same rule as
+        ``require_health_check``). The node is re-read from Slurm first and resumed only while its
+        reason is still the health check's: a reason someone else set is never touched."""
+        out: list[Remediation] = []
+        settled = time.monotonic() - HEALTH_SETTLE_S
+        for name, cached in list(self.nodes.items()):
+            reason = cached.reason or ""
+            if not is_out(cached) or not reason.startswith(HEALTH_REASON_PREFIXES):
+                continue
+            since = max(cached.reason_ts or 0.0, self.history.health_fail.get(name, 0.0))
+            if (name, reason, since) in self._health_done or self._health_seen.get(name, float("inf")) > settled:
+                continue
+            if since <= 0.0 or not self.history.health_ok_since(name, since) or self.history.health_pass[name] <= since:
+                continue  # no pass after the drain (a drain of unknown time needs a known failed check)
+            try:
+                node = await self.client.node(name)
+            except (SlurmError, OSError, ValueError) as exc:
+                log.warning("cannot read %s for a health-check resume: %s", name, exc)
+                continue
+            if node is None or not is_out(node) or node.reason != reason:
+                if node is not None:
+                    self.nodes[name] = node
+                continue  # resumed or re-drained by someone else meanwhile: not ours to touch
+            self._health_done.add((name, reason, since))
+            why = (
+                f"[rule=health-check-passed] drained by the health check ({reason[:80]!r}); "
+                f"a health check passed at {self.history.health_pass[name]:.0f}, after the drain and the last failure"
+            )
+            argv, code, output = drain_argv(name, "RESUME", None), None, None
+            if not self.cfg.enforce:
+                decision, why = D.DRY_RUN, why + " (dry-run)"
+            else:
+                ok, argv, code, output, err = await self._resume_with_retries(name, reason)
+                decision = D.EXECUTED if ok else D.FAILED
+                if not ok:
+                    why = f"[rule=command] resume failed after retries: {err}"
+                    await self.alerter.fire(
+                        "GpuwardenRemediationFailed", name, "resume", "warning", f"resume of {name} failed: {err}"
+                    )
+                else:
+                    self.nodes[name] = node.model_copy(update={"flags": [], "reason": None, "state": "IDLE"})
+            rem = Remediation(
+                remediation_id=stable_id("resume-health", name, reason, decision.value),
+                ts=self.history.health_pass[name],
+                decided_at=time.time(),
+                node=name,
+                action=Action.RESUME,
+                argv=argv,
+                dry_run=not self.cfg.enforce,
+                decision=decision,
+                reason=f"resume: {why}",
+                failure_ids=[],
+                exit_code=code,
+                output=output,
+            )
+            self.decisions[decision.value] = self.decisions.get(decision.value, 0) + 1
+            self.recent.append(
+                {"at": rem.decided_at, "node": name, "decision": decision.value, "action": "resume",
+                 "rule": "health-check-passed", "failure": "", "pattern": "health-check-failed",
+                 "reason": rem.reason, "argv": argv}
+            )  # fmt: skip
+            await self.publish("remediations", name, rem)
+            log.warning("%s resume of %s (rule health-check-passed): %s", decision.value, name, rem.reason)
+            out.append(rem)
+        return out
+
+    async def _resume_with_retries(
+        self, name: str, expect_reason: str | None = None
+    ) -> tuple[bool, list[str], int | None, str | None, str]:
+        """Resume with retries, never blindly: before every attempt the node is read again and
+        resumed only while it is still out with ``expect_reason`` (gpuwarden's own). Returns
+        ``(resumed, argv, exit code, output, error)``; a node resumed meanwhile counts as done."""
         tries = 1 + self.settings.remediator_command_retries
-        err, argv, code, out = "", [], None, None
+        err, code, out = "", None, None
+        argv: list[str] = []
         for attempt in range(tries):
             if attempt:
                 await asyncio.sleep(self.settings.remediator_retry_backoff_s * 2 ** (attempt - 1))
+            if expect_reason is not None:
+                try:
+                    cur = await self.client.node(name)
+                except (SlurmError, OSError, ValueError) as exc:
+                    err = f"cannot re-read {name} before the attempt (no blind write): {exc}"
+                    continue
+                if cur is None or not is_out(cur):
+                    return (attempt > 0), argv, code, out, "" if attempt else f"{name} is no longer out"
+                if cur.reason != expect_reason:
+                    return False, argv, code, out, f"{name} now has reason {cur.reason!r}: not gpuwarden's, not resumed"
             try:
                 res = await self.client.update_node(name, "RESUME", None)
             except (SlurmError, OSError, ValueError) as exc:
@@ -733,6 +1016,7 @@ class Remediator(Service):
                 "recent": list(self.recent),
                 "status": self.status(),
                 "breaker_reset_at": self._reset_seen,
+                "intents": [r.model_dump(mode="json") for r in self.intents.values()],
                 "updated_at": time.time(),
             }
             self.ledger.write(data)
@@ -746,6 +1030,15 @@ class Remediator(Service):
     async def _status_view(self, _: web.Request) -> web.Response:
         return web.json_response(self.status())
 
+    async def _failure_view(self, req: web.Request) -> web.Response:
+        """``GET /failures/<id>``: this remediator's recent decisions on one failure (an
+        alert's generatorURL without a console); 404 when it has none."""
+        fid = req.match_info["failure_id"]
+        seen = [r for r in self.recent if fid in str(r.get("failure", "")).split(",")]
+        if not seen:
+            return web.json_response({"failure_id": fid, "error": "no recent decision on this failure"}, status=404)
+        return web.json_response({"failure_id": fid, "decisions": seen})
+
     def health(self) -> dict[str, Any]:
         """Health plus enforcement, breaker, decisions and known nodes."""
         h = super().health()
@@ -757,6 +1050,55 @@ class Remediator(Service):
             active=self.lease.held(),
         )
         return h
+
+
+class _RemediatorCollector(Collector):
+    """The remediator's own series on its ``/metrics``, read at scrape time:
+    ``gpuwarden_remediator_breaker_open`` (1 open), ``gpuwarden_remediator_enforce`` (1 enforcing,
+    0 dry-run), ``gpuwarden_remediator_lease_held``, ``gpuwarden_remediator_drained_nodes`` (drains
+    gpuwarden holds), ``gpuwarden_remediator_decisions_total{decision}``,
+    ``gpuwarden_remediator_alerts_active``, ``gpuwarden_remediator_alerts_delivered_total``,
+    ``gpuwarden_remediator_alerts_failed_total`` (deliveries that failed after retries)."""
+
+    def __init__(self, r: Remediator) -> None:
+        self.r = r
+
+    def describe(self) -> list[Metric]:
+        return list(self.collect())
+
+    def collect(self) -> list[Metric]:  # type: ignore[override]
+        r = self.r
+
+        def gauge(name: str, help_: str, v: float) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, help_, value=v)
+
+        out: list[Metric] = [
+            gauge("gpuwarden_remediator_breaker_open", "1 while the circuit breaker is open (no drains)",
+                  1.0 if r.history.breaker_reason is not None else 0.0),
+            gauge("gpuwarden_remediator_enforce", "1 = drains for real, 0 = dry-run", 1.0 if r.cfg.enforce else 0.0),
+            gauge("gpuwarden_remediator_lease_held", "1 while this replica is the active remediator",
+                  1.0 if r.lease.held() else 0.0),
+            gauge("gpuwarden_remediator_drained_nodes", "Nodes drained by gpuwarden and not yet resumed",
+                  float(len(r.history.drained))),
+            gauge("gpuwarden_remediator_alerts_active", "Alerts firing (sent, not yet resolved)",
+                  float(len(r.alerter.active))),
+        ]  # fmt: skip
+        dec = CounterMetricFamily("gpuwarden_remediator_decisions", "Decisions by outcome", labels=["decision"])
+        for k in ("executed", "dry-run", "skipped", "refused", "failed"):
+            dec.add_metric([k], float(r.decisions.get(k, 0)))
+        out.append(dec)
+        delivered, failed = float(r.alerter.delivered), float(r.alerter.failed)
+        out.append(
+            CounterMetricFamily(
+                "gpuwarden_remediator_alerts_delivered", "Alert deliveries that succeeded", value=delivered
+            )
+        )
+        out.append(
+            CounterMetricFamily(
+                "gpuwarden_remediator_alerts_failed", "Alert deliveries that failed after retries", value=failed
+            )
+        )
+        return out
 
 
 def _adopt(n: NodeState) -> DrainRecord:

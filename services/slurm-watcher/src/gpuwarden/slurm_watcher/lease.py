@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Protocol
+from typing import Any, Protocol
 
 __all__ = ["KafkaGroupLease", "Lease", "MemoryLease", "MemoryLeaseBoard"]
 
@@ -88,12 +88,20 @@ class KafkaGroupLease:
         ValueError: bad cluster name.
     """
 
-    def __init__(self, bootstrap: str, prefix: str, cluster: str, session_timeout_ms: int = 10_000) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        prefix: str,
+        cluster: str,
+        session_timeout_ms: int = 10_000,
+        client_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         import re
 
         if not re.fullmatch(r"[A-Za-z0-9._-]{1,100}", cluster):
             raise ValueError(f"invalid cluster name {cluster!r}")
         self.bootstrap = bootstrap
+        self._kw = {k: v for k, v in (client_kwargs or {}).items() if k != "bootstrap_servers"}
         self.topic = f"{prefix}slurm-watcher.lease.{cluster}"
         self.group = f"{prefix}slurm-watcher.{cluster}"
         self.session_timeout_ms = session_timeout_ms
@@ -109,7 +117,7 @@ class KafkaGroupLease:
         from aiokafka.admin import AIOKafkaAdminClient, NewTopic
         from aiokafka.errors import TopicAlreadyExistsError
 
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, **self._kw)
         await admin.start()
         try:
             if self.topic not in await admin.list_topics():
@@ -138,6 +146,7 @@ class KafkaGroupLease:
 
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap,
+            **self._kw,
             group_id=self.group,
             enable_auto_commit=False,
             session_timeout_ms=self.session_timeout_ms,

@@ -178,7 +178,11 @@ class SlurmWatcher(Service):
             kind = "none" if s.slurm_watcher_backend == "simulated" else "kafka"
         if kind == "kafka" and real_bus:
             return KafkaGroupLease(
-                s.bootstrap_servers, s.topic_prefix, s.slurm_watcher_cluster, s.slurm_watcher_lease_session_ms
+                s.bootstrap_servers,
+                s.topic_prefix,
+                s.slurm_watcher_cluster,
+                s.slurm_watcher_lease_session_ms,
+                client_kwargs=s.kafka_kwargs(),
             )
         return NoLease()
 

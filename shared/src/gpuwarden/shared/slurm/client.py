@@ -228,7 +228,7 @@ class CliSlurm:
     Args:
         runner: runs argv lists (default :class:`SubprocessRunner`).
         timeout_s: per command, s.
-        retries: extra attempts after a timeout or a transient error (reads: any failure).
+        retries: extra attempts of a read after a failure; writes (``update_node``) run once.
         backoff_s: sleep before retry ``k`` is ``backoff_s * k``, s.
         now: clock for the observation time ``ts`` of returned states (epoch s).
         bin_prefix: prepended to command names (e.g. ``/usr/bin/``).
@@ -255,7 +255,10 @@ class CliSlurm:
 
     async def _run(self, argv: list[str], *, read: bool) -> CommandResult:
         res: CommandResult | None = None
-        for attempt in range(self.retries + 1):
+        # a write is never retried here: after a timeout or "Unable to contact" it may have
+        # landed, and someone may have changed the node since; the caller re-reads the node
+        # and re-applies its rules before another attempt (see the remediator)
+        for attempt in range(self.retries + 1 if read else 1):
             if attempt:
                 await asyncio.sleep(self.backoff_s * attempt)
             res = await self.runner.run(argv, self.timeout_s)

@@ -47,6 +47,7 @@ def _expand_cached(expr: str) -> tuple[str, ...]:
     if "[" not in expr and "," not in expr:
         return (expr,)
     try:
-        return tuple(hostlist.expand_hostlist(expr, allow_duplicates=True))
+        # as `scontrol show hostnames`: duplicates and the given order kept (never sorted)
+        return tuple(hostlist.expand_hostlist(expr, allow_duplicates=True, sort=False))
     except hostlist.BadHostlist as exc:
         raise ValueError(f"bad hostlist {expr!r}: {exc}") from exc

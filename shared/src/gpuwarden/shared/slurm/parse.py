@@ -39,6 +39,7 @@ __all__ = [
     "parse_sinfo_reasons",
     "parse_slurm_time",
     "parse_squeue_json",
+    "reason_nodes",
 ]
 
 log = logging.getLogger(__name__)
@@ -551,7 +552,28 @@ def _sinfo_node(n: dict[str, Any], name: str, ts: float) -> NodeState:
         gres=n.get("gres") or None,
         gres_used=n.get("gres_used") or None,
         partitions=[str(p) for p in n.get("partitions") or []],
+        cpus=_count(n.get("cpus")),
+        alloc_cpus=_count(n.get("alloc_cpus")),
+        gpus_used_idx=_used_idx(n.get("gres_used")),
     )
+
+
+def _count(v: Any) -> int | None:
+    """A CPU count: a plain number (v0.0.38-v0.0.42 ``cpus``) or a set/number object; None if absent."""
+    x = _num(v)
+    return int(x) if x is not None and x >= 0 else None
+
+
+def _int_or_none(v: str | None) -> int | None:
+    return int(v) if v is not None and v.isdigit() else None
+
+
+def _used_idx(gres_used: Any) -> list[int] | None:
+    """GPU indices of a ``gres_used`` string with ``IDX`` (``gpu:h100:4(IDX:0-1,4,6)`` -> [0, 1, 4, 6]);
+    None when it has no IDX list (``gpu:0``, ``""``, absent: not reported)."""
+    if not isinstance(gres_used, str) or "IDX" not in gres_used:
+        return None
+    return parse_gres_idx(gres_used)
 
 
 @contextlib.contextmanager
@@ -669,8 +691,42 @@ def _records(text: str, first_key: str) -> list[list[str]]:
     return recs
 
 
+# a key of scontrol's Key=Value output: CamelCase at a word start (``OS``, ``CfgTRES``,
+# ``CurrentWatts``, ``LastBusyTime``); ``cpu=64`` inside ``CfgTRES=cpu=64,mem=...`` is not one
+_SCONTROL_KEY_RE = re.compile(r"(?:^|(?<=\s))(?P<key>[A-Z][A-Za-z0-9_]*(?:/[A-Za-z0-9_]+)?)=")
+# values that run to the end of their line in the multi-line format (they may hold "Key=" text)
+_SCONTROL_LINE_KEYS = ("Reason=", "Comment=", "Extra=")
+
+
+def _scontrol_pairs(line: str) -> dict[str, str]:
+    """``Key=Value`` pairs of one line of ``scontrol show node`` (multi-line or ``-o`` one-line):
+    a value runs to the next key, so values with spaces (``OS=Linux 5.10.0-21-amd64 #1 SMP Debian
+    5.10.162-1 (2023-01-21)``, ``Reason=Kill task failed [root@...]``) are kept whole, stripped."""
+    s = line.strip()
+    if s.startswith(_SCONTROL_LINE_KEYS):
+        k, v = s.split("=", 1)
+        return {k: v.strip()}
+    out: dict[str, str] = {}
+    keys = list(_SCONTROL_KEY_RE.finditer(s))
+    for i, m in enumerate(keys):
+        if m["key"] in out:
+            continue
+        end = keys[i + 1].start() if i + 1 < len(keys) else len(s)
+        value = s[m.end() : end].strip()
+        if m["key"] + "=" in _SCONTROL_LINE_KEYS:  # -o one-line form: Reason= runs to the end
+            value = s[m.end() :].strip()
+            out[m["key"]] = value
+            break
+        out[m["key"]] = value
+    return out
+
+
 def parse_scontrol_nodes(text: str, ts: float) -> list[NodeState]:
-    """Parse ``scontrol show node [NAME]`` (Slurm 22.05, multi-line format).
+    """Parse ``scontrol show node [NAME]`` (Slurm 22.05 .. 25.05; multi-line format and ``-o``
+    one record per line). Values may contain spaces (``OS=Linux 5.10.0-21-amd64 #1 SMP Debian
+    5.10.162-1 (2023-01-21)``): a value runs to the next ``Key=``; ``Reason``, ``Comment`` and
+    ``Extra`` run to the end of their line. ``cpus``/``alloc_cpus`` from ``CPUTot``/``CPUAlloc``;
+    ``gpus_used_idx`` from ``GresUsed=gpu:h100:4(IDX:0-1,4,6)`` (``scontrol -d``).
 
     ``State=MIXED+DRAIN`` gives state ``MIXED`` and flags ``["DRAIN"]`` (a trailing ``*``
     becomes the flag ``NOT_RESPONDING``); ``Reason=text [user@2026-11-30T07:25:16]`` gives
@@ -688,14 +744,8 @@ def parse_scontrol_nodes(text: str, ts: float) -> list[NodeState]:
     for rec in _records(text, "NodeName"):
         kv: dict[str, str] = {}
         for line in rec:
-            if line.startswith(("Reason=", "OS=", "Comment=", "Extra=")):
-                k, v = line.split("=", 1)
-                kv[k] = v
-                continue
-            for tok in line.split():
-                if "=" in tok:
-                    k, v = tok.split("=", 1)
-                    kv.setdefault(k, v)
+            for k, v in _scontrol_pairs(line).items():
+                kv.setdefault(k, v)
         base, flags = _node_state(kv.get("State"), None)
         reason = reason_user = None
         reason_ts = None
@@ -712,6 +762,7 @@ def parse_scontrol_nodes(text: str, ts: float) -> list[NodeState]:
         gres = kv.get("Gres")
         used = re.search(r"gres/gpu=(\d+)", kv.get("AllocTRES", ""))
         parts = kv.get("Partitions")
+        gres_used_raw = kv.get("GresUsed")
         out.append(
             NodeState(
                 node=kv["NodeName"],
@@ -724,8 +775,30 @@ def parse_scontrol_nodes(text: str, ts: float) -> list[NodeState]:
                 gres=gres if gres and gres != "(null)" else None,
                 gres_used=f"gpu:{used.group(1)}" if used else ("gpu:0" if gres and "gpu" in gres else None),
                 partitions=parts.split(",") if parts else [],
+                cpus=_int_or_none(kv.get("CPUTot")),
+                alloc_cpus=_int_or_none(kv.get("CPUAlloc")),
+                gpus_used_idx=_used_idx(gres_used_raw),
             )
         )
+    return out
+
+
+_UNAVAILABLE_RE = re.compile(r"\bUnavailableNodes:(?P<expr>[^\s]+)")
+
+
+def reason_nodes(reason: str | None) -> list[str]:
+    """Nodes named by a Slurm pending reason: ``ReqNodeNotAvail, UnavailableNodes:d[001-032]``
+    -> ``d001`` .. ``d032`` (the hostlist after ``UnavailableNodes:`` expanded as ``scontrol show
+    hostnames`` does). ``[]`` for a reason without one, or with ``UnavailableNodes:`` empty.
+
+    Raises:
+        ValueError: the hostlist after ``UnavailableNodes:`` is not valid.
+    """
+    if not reason:
+        return []
+    out: list[str] = []
+    for m in _UNAVAILABLE_RE.finditer(reason):
+        out.extend(expand_nodes(m["expr"].rstrip(",;")))
     return out
 
 

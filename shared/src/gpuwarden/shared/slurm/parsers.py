@@ -24,6 +24,7 @@ from .parse import (
     parse_sinfo_json,
     parse_sinfo_reasons,
     parse_squeue_json,
+    reason_nodes,
 )
 
 __all__ = [
@@ -67,7 +68,7 @@ def squeue_json(text: str) -> dict[str, Any]:
 
 
 def slurmrestd_jobs(text: str) -> dict[str, Any]:
-    """slurmrestd ``GET /slurm/vX/jobs`` (same job objects as ``squeue --json``) -> like
+    """slurmrestd ``GET /slurm/vX/jobs`` (v0.0.38 .. v0.0.42, the job objects of ``squeue --json``) -> like
     :func:`squeue_json`; a ``GET /slurmdb/vX/jobs`` document (accounting records, ``state`` an
     object) -> like :func:`sacct_json`. A document with ``errors`` and no ``jobs`` raises
     ``ValueError``."""
@@ -85,7 +86,8 @@ def sinfo_json(text: str) -> dict[str, Any]:
 
 
 def slurmrestd_nodes(text: str) -> dict[str, Any]:
-    """slurmrestd ``GET /slurm/vX/nodes`` or ``/node/NAME`` -> like :func:`sinfo_json`."""
+    """slurmrestd ``GET /slurm/vX/nodes`` or ``/node/NAME`` (v0.0.38 .. v0.0.42) -> like :func:`sinfo_json`
+    (``cpus``, ``alloc_cpus``, ``gpus_used_idx`` from ``gres_used`` IDX ranges)."""
     return sinfo_json(text)
 
 
@@ -106,7 +108,7 @@ def scontrol_job(text: str) -> list[Any]:
 
 
 def scontrol_node(text: str) -> list[Any]:
-    """``scontrol show node`` (22.05 text) -> ``[NodeState]``. Raises ``ValueError`` when no
+    """``scontrol show node [-o] [-d]`` (Slurm 22.05 .. 25.05 text) -> ``[NodeState]``. Raises ``ValueError`` when no
     ``NodeName=`` record is found."""
     nodes = parse_scontrol_nodes(text, time.time())
     if not nodes:
@@ -118,8 +120,10 @@ _SINFO_R_HEADER = re.compile(r"REASON\s+USER\s+TIMESTAMP\s+NODELIST\s*$")
 
 
 def sinfo_r(text: str) -> list[dict[str, Any]]:
-    """Default ``sinfo -R`` (``REASON USER TIMESTAMP NODELIST``) -> ``[{"node", "reason", "user",
-    "reason_ts"}]``, one per expanded node. Raises ``ValueError`` without the header line."""
+    """Default ``sinfo -R`` (``REASON USER TIMESTAMP NODELIST``; Slurm 22.05 local cluster and a
+    ParallelCluster recording) -> ``[{"node", "reason", "user", "reason_ts"}]``, one per expanded
+    node; ``reason`` as sinfo prints it (its default width cuts it at 20 characters). Raises
+    ``ValueError`` without the header line."""
     if not any(_SINFO_R_HEADER.search(line) for line in text.splitlines()):
         raise ValueError("no 'REASON USER TIMESTAMP NODELIST' header (not default sinfo -R output)")
     return parse_sinfo_reasons(text)
@@ -127,11 +131,18 @@ def sinfo_r(text: str) -> list[dict[str, Any]]:
 
 def hostlist(text: str) -> list[dict[str, Any]]:
     """Slurm hostlist expressions, one per line (``gpu-[001-003,007],cpu-1``), or the argument of a
-    recorded ``$ scontrol show hostnames EXPR`` line -> ``[{"expr", "nodes": [names]}]``, nodes in
-    Slurm's order, zero padding kept. Lines starting with ``#`` are skipped.
+    recorded ``$ scontrol show hostnames EXPR`` line -> ``[{"expr", "nodes": [names]}]``, read as
+    ``scontrol show hostnames`` (Slurm 20.11 .. 25.05) prints them with python-hostlist 1.x/2.x:
+    nodes in the given order (never sorted), duplicates of overlapping ranges kept
+    (``n[1-3,2-4]`` -> n1 n2 n3 n2 n3 n4), zero padding kept, prefixes with ``+ : _ . -``, several
+    bracket groups (``rack[0-1]node[0-1]`` -> rack0node0 rack0node1 rack1node0 rack1node1).
+    A line with spaces is a Slurm reason: the hostlist after ``UnavailableNodes:``
+    (``ReqNodeNotAvail, UnavailableNodes:d[001-032]``) is expanded -> ``{"expr", "reason",
+    "nodes"}``. Lines starting with ``#`` are skipped.
 
     Raises:
-        ValueError: a line is not a valid hostlist (unbalanced brackets, bad range).
+        ValueError: a line is not a valid hostlist (unbalanced brackets, bad range), or a line
+            with spaces names no ``UnavailableNodes:``.
     """
     out: list[dict[str, Any]] = []
     in_output = False  # lines after a recorded "$ scontrol show hostnames EXPR" are its output
@@ -148,7 +159,11 @@ def hostlist(text: str) -> list[dict[str, Any]]:
         elif in_output:
             continue
         if " " in s:
-            raise ValueError(f"not a hostlist expression: {s!r}")
+            if "UnavailableNodes:" not in s:
+                raise ValueError(f"not a hostlist expression: {s!r}")
+            m = re.search(r"UnavailableNodes:(\S*)", s)
+            out.append({"expr": m.group(1) if m else "", "reason": s, "nodes": reason_nodes(s)})
+            continue
         out.append({"expr": s, "nodes": expand_nodes(s)})
     if not out:
         raise ValueError("no hostlist expression in the input")

@@ -1,0 +1,354 @@
+"""dcgm-exporter ``/metrics`` scrapes (Prometheus text exposition; dcgm-exporter 2.x .. 4.x,
+DCGM 2.x .. 4.x field names, and the 1.x ``dcgm_*`` names of NVIDIA/gpu-monitoring-tools'
+``dcgm-exporter`` script as node_exporter's textfile collector serves them). Parsed with
+``prometheus_client.parser``. Pure."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuwarden.shared.models import EventKind, GpuEvent, stable_id
+
+from ..parsers import normalize_pci_bus_id
+from ..sources import THROTTLE_BITS
+from ._core import ReadContext, Reading, TimeParser, check_value
+
+__all__ = [
+    "DCGM_1X_NAMES",
+    "DCGM_FIELDS",
+    "DcgmSeries",
+    "parse_dcgm_exporter_scrape",
+    "parse_scrape",
+    "read_dcgm_scrapes",
+]
+
+#: DCGM field -> (GpuSample field, factor). Bitmasks, XIDs and NVLink totals are handled apart.
+DCGM_FIELDS: dict[str, tuple[str, float]] = {
+    "DCGM_FI_DEV_GPU_UTIL": ("utilization_gpu_pct", 1.0),
+    "DCGM_FI_DEV_MEM_COPY_UTIL": ("utilization_memory_pct", 1.0),
+    "DCGM_FI_DEV_FB_USED": ("memory_used_mib", 1.0),
+    "DCGM_FI_DEV_FB_FREE": ("memory_free_mib", 1.0),
+    "DCGM_FI_DEV_FB_TOTAL": ("memory_total_mib", 1.0),
+    "DCGM_FI_DEV_FB_RESERVED": ("memory_reserved_mib", 1.0),
+    "DCGM_FI_DEV_GPU_TEMP": ("temperature_c", 1.0),
+    "DCGM_FI_DEV_MEMORY_TEMP": ("memory_temperature_c", 1.0),
+    "DCGM_FI_DEV_POWER_USAGE": ("power_w", 1.0),
+    "DCGM_FI_DEV_SM_CLOCK": ("sm_clock_mhz", 1.0),
+    "DCGM_FI_DEV_MEM_CLOCK": ("memory_clock_mhz", 1.0),
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": ("ecc_sbe_volatile", 1.0),
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ("ecc_dbe_volatile", 1.0),
+    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": ("ecc_sbe_aggregate", 1.0),
+    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": ("ecc_dbe_aggregate", 1.0),
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ("pcie_replay_count", 1.0),
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("energy_j", 0.001),  # mJ
+    "DCGM_FI_DEV_FAN_SPEED": ("fan_speed_pct", 1.0),
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("tensor_activity_pct", 100.0),  # ratio 0-1
+    "DCGM_FI_PROF_SM_OCCUPANCY": ("sm_occupancy_pct", 100.0),
+    "DCGM_FI_DEV_ROW_REMAP_PENDING": ("remapped_rows_pending", 1.0),
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("remapped_rows_failure", 1.0),
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("remapped_rows_correctable", 1.0),
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": ("remapped_rows_uncorrectable", 1.0),
+}
+#: dcgm-exporter 1.x (gpu-monitoring-tools ``exporters/prometheus-dcgm/dcgm-exporter``, a
+#: ``dcgmi dmon`` wrapper writing ``/run/prometheus/dcgm.prom``; labels ``gpu``, ``uuid``) metric
+#: name -> the DCGM field of 2.x+. Same units (MHz, C, W, mJ, MiB, %; ``fi_prof_*`` ratios 0-1).
+DCGM_1X_NAMES: dict[str, str] = {
+    "dcgm_sm_clock": "DCGM_FI_DEV_SM_CLOCK",
+    "dcgm_memory_clock": "DCGM_FI_DEV_MEM_CLOCK",
+    "dcgm_memory_temp": "DCGM_FI_DEV_MEMORY_TEMP",
+    "dcgm_gpu_temp": "DCGM_FI_DEV_GPU_TEMP",
+    "dcgm_power_usage": "DCGM_FI_DEV_POWER_USAGE",
+    "dcgm_total_energy_consumption": "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "dcgm_pcie_tx_throughput": "DCGM_FI_DEV_PCIE_TX_THROUGHPUT",
+    "dcgm_pcie_rx_throughput": "DCGM_FI_DEV_PCIE_RX_THROUGHPUT",
+    "dcgm_pcie_replay_counter": "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "dcgm_gpu_utilization": "DCGM_FI_DEV_GPU_UTIL",
+    "dcgm_mem_copy_utilization": "DCGM_FI_DEV_MEM_COPY_UTIL",
+    "dcgm_enc_utilization": "DCGM_FI_DEV_ENC_UTIL",
+    "dcgm_dec_utilization": "DCGM_FI_DEV_DEC_UTIL",
+    "dcgm_xid_errors": "DCGM_FI_DEV_XID_ERRORS",
+    "dcgm_power_violation": "DCGM_FI_DEV_POWER_VIOLATION",
+    "dcgm_thermal_violation": "DCGM_FI_DEV_THERMAL_VIOLATION",
+    "dcgm_sync_boost_violation": "DCGM_FI_DEV_SYNC_BOOST_VIOLATION",
+    "dcgm_board_limit_violation": "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION",
+    "dcgm_low_util_violation": "DCGM_FI_DEV_LOW_UTIL_VIOLATION",
+    "dcgm_reliability_violation": "DCGM_FI_DEV_RELIABILITY_VIOLATION",
+    "dcgm_fb_total": "DCGM_FI_DEV_FB_TOTAL",
+    "dcgm_fb_free": "DCGM_FI_DEV_FB_FREE",
+    "dcgm_fb_used": "DCGM_FI_DEV_FB_USED",
+    "dcgm_ecc_sbe_volatile_total": "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "dcgm_ecc_dbe_volatile_total": "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "dcgm_ecc_sbe_aggregate_total": "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+    "dcgm_ecc_dbe_aggregate_total": "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+    "dcgm_retired_pages_sbe": "DCGM_FI_DEV_RETIRED_SBE",
+    "dcgm_retired_pages_dbe": "DCGM_FI_DEV_RETIRED_DBE",
+    "dcgm_retired_pages_pending": "DCGM_FI_DEV_RETIRED_PENDING",
+    "dcgm_nvlink_flit_crc_error_count_total": "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "dcgm_nvlink_data_crc_error_count_total": "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+    "dcgm_nvlink_replay_error_count_total": "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+    "dcgm_nvlink_recovery_error_count_total": "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+    "dcgm_nvlink_bandwidth_total": "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+    "dcgm_fi_prof_gr_engine_active": "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "dcgm_fi_prof_sm_active": "DCGM_FI_PROF_SM_ACTIVE",
+    "dcgm_fi_prof_sm_occupancy": "DCGM_FI_PROF_SM_OCCUPANCY",
+    "dcgm_fi_prof_pipe_tensor_active": "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "dcgm_fi_prof_dram_active": "DCGM_FI_PROF_DRAM_ACTIVE",
+}
+_INT = {
+    "ecc_sbe_volatile",
+    "ecc_dbe_volatile",
+    "ecc_sbe_aggregate",
+    "ecc_dbe_aggregate",
+    "pcie_replay_count",
+    "remapped_rows_correctable",
+    "remapped_rows_uncorrectable",
+}
+_BOOL = {"remapped_rows_pending", "remapped_rows_failure"}
+_THROTTLE = ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS")
+_GR_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+_XID = "DCGM_FI_DEV_XID_ERRORS"
+_NVLINK_RE = re.compile(r"^DCGM_FI_DEV_NVLINK_(?P<kind>CRC_FLIT|CRC_DATA|REPLAY|RECOVERY)_ERROR_COUNT_TOTAL$")
+_NVLINK_KEY = {"CRC_FLIT": "crc_flit_errors", "CRC_DATA": "crc_data_errors", "REPLAY": "replay_errors"}
+_SCRAPE_AT_RE = re.compile(r"^#\s*scrape(?:d)?\s+at\s+(?P<t>\S.*?)\s*$", re.MULTILINE | re.IGNORECASE)
+_NAME_ISO_RE = re.compile(r"(\d{4})-?(\d{2})-?(\d{2})[T_ -]?(\d{2})[:\-]?(\d{2})[:\-]?(\d{2})(Z)?")
+_NAME_EPOCH_RE = re.compile(r"(?<!\d)(\d{13}|\d{10}(?:\.\d+)?)(?!\d)")
+
+
+def throttle_names(mask: int) -> list[str]:
+    """Clock event reason names (:data:`~gpuwarden.collector.sources.THROTTLE_BITS`) of a bitmask."""
+    return [name for bit, name in THROTTLE_BITS.items() if mask & bit]
+
+
+@dataclass(frozen=True)
+class DcgmSeries:
+    """One series of a scrape: metric ``name``, ``labels``, ``value``, ``timestamp`` (epoch s or
+    None), and the GPU key it belongs to: ``gpu`` (the ``gpu`` label), ``pci_bus_id``
+    (normalised, domain kept), ``uuid``, ``gpu_instance`` (MIG ``GPU_I_ID``, None for a whole GPU)."""
+
+    name: str
+    labels: dict[str, str]
+    value: float
+    timestamp: float | None
+    gpu: int | None
+    pci_bus_id: str | None
+    uuid: str | None
+    gpu_instance: int | None
+
+
+def _printed_name(family_type: str, sample: str) -> str:
+    """The series name as the scrape printed it. ``prometheus_client`` (0.x) appends ``_total`` to
+    every sample of a ``# TYPE X counter`` family whose name lacks it, so dcgm-exporter's counters
+    (``DCGM_FI_DEV_ECC_DBE_VOL_TOTAL``, ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION``,
+    ``dcgm_total_energy_consumption``, ...) come back as ``..._total``; DCGM field names are upper
+    case, so a lower-case ``_total`` on one (or on a 1.x name that is unknown with it) is undone."""
+    if family_type == "counter" and sample.endswith("_total") and sample not in DCGM_1X_NAMES:
+        base = sample[: -len("_total")]
+        if base.startswith("DCGM_FI_") or base in DCGM_1X_NAMES:
+            return base
+    return sample
+
+
+def parse_scrape(text: str) -> list[DcgmSeries]:
+    """Every ``DCGM_FI_*`` series of one scrape (other metrics are ignored). A dcgm-exporter 1.x
+    series (:data:`DCGM_1X_NAMES`, e.g. ``dcgm_gpu_temp{gpu="0",uuid="GPU-..."}``) comes out under
+    its DCGM field name (``DCGM_FI_DEV_GPU_TEMP``), labels as printed; ``dcgm_gpu_info`` and other
+    names are ignored.
+
+    Raises:
+        ValueError: text that is not Prometheus text exposition.
+    """
+    out = []
+    try:
+        fams = list(text_string_to_metric_families(text))
+    except (ValueError, TypeError, IndexError) as exc:
+        raise ValueError(f"not Prometheus text exposition: {exc}") from exc
+    for fam in fams:
+        for s in fam.samples:
+            name = _printed_name(fam.type, s.name)
+            name = DCGM_1X_NAMES.get(name, name)
+            if not name.startswith("DCGM_FI_"):
+                continue
+            lab = dict(s.labels)
+            gpu = lab.get("gpu")
+            pci = lab.get("pci_bus_id") or lab.get("PCI_BUS_ID")
+            gi = lab.get("GPU_I_ID")
+            out.append(
+                DcgmSeries(
+                    name=name,
+                    labels=lab,
+                    value=float(s.value),
+                    timestamp=float(s.timestamp) if s.timestamp is not None else None,
+                    gpu=int(gpu) if gpu is not None and gpu.isdigit() else None,
+                    pci_bus_id=normalize_pci_bus_id(pci) if pci else None,
+                    uuid=lab.get("UUID") or lab.get("uuid"),
+                    gpu_instance=int(gi) if gi is not None and gi.isdigit() else None,
+                )
+            )
+    return out
+
+
+def gpu_records(series: Sequence[DcgmSeries], where: str = "scrape") -> dict[tuple[str, int | None], dict[str, Any]]:
+    """Per-GPU mapped values of one scrape: key (GPU identity, index label) -> GpuSample fields.
+
+    A GPU is identified by its UUID, else its PCI bus id (so GPUs of different PCI domains stay
+    apart), else its ``gpu`` label. Device-level metrics repeated on each MIG instance's series
+    are taken once; ``memory_used_mib`` is summed over the instances; ``mig_instances`` counts
+    them. ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (ratio) gives ``utilization_gpu_pct`` only when
+    ``DCGM_FI_DEV_GPU_UTIL`` is absent. NVLink ``*_ERROR_COUNT_TOTAL`` counters become one
+    ``nvlinks`` entry ``{"all_links": True, ...}``. ``_xid`` holds the XID_ERRORS value.
+
+    Raises:
+        ValueError: a value out of the model's range.
+    """
+    recs: dict[tuple[str, int | None], dict[str, Any]] = {}
+    instances: dict[tuple[str, int | None], set[int]] = {}
+    fb: dict[tuple[str, int | None], dict[int, float]] = {}
+    for s in series:
+        ident = s.uuid or s.pci_bus_id or f"gpu{s.gpu}"
+        key = (ident, s.gpu)
+        r = recs.setdefault(key, {})
+        if s.pci_bus_id:
+            r["pci_bus_id"] = s.pci_bus_id
+        if s.uuid:
+            r["uuid"] = s.uuid
+        if name := s.labels.get("modelName"):
+            r["name"] = name
+        if s.labels.get("DCGM_FI_DRIVER_VERSION"):
+            r["driver_version"] = s.labels["DCGM_FI_DRIVER_VERSION"]
+        if s.gpu_instance is not None:
+            instances.setdefault(key, set()).add(s.gpu_instance)
+        v = s.value
+        if s.name in DCGM_FIELDS:
+            fname, factor = DCGM_FIELDS[s.name]
+            if fname == "memory_used_mib" and s.gpu_instance is not None:
+                fb.setdefault(key, {})[s.gpu_instance] = v
+                continue
+            x: Any = v * factor
+            if fname in _INT:
+                x = int(x)
+            elif fname in _BOOL:
+                x = bool(x)
+            check_value(fname, x, f"{where}: {s.name}")
+            r[fname] = x
+        elif s.name in _THROTTLE:
+            r["throttle_reasons"] = throttle_names(int(v))
+        elif s.name == _GR_ACTIVE:
+            r.setdefault("_gr_active", v * 100.0)
+        elif s.name == _XID:
+            r["_xid"] = int(v)
+        elif m := _NVLINK_RE.match(s.name):
+            nv = r.setdefault("_nvlink", {"all_links": True})
+            nv[_NVLINK_KEY.get(m["kind"], "recovery_errors")] = int(v)
+    for key, r in recs.items():
+        gr = r.pop("_gr_active", None)
+        if gr is not None and "utilization_gpu_pct" not in r:
+            check_value("utilization_gpu_pct", gr, f"{where}: {_GR_ACTIVE}")
+            r["utilization_gpu_pct"] = gr
+        if key in fb:
+            r["memory_used_mib"] = sum(fb[key].values())
+        if key in instances:
+            r["mig_mode"] = True
+            r["mig_instances"] = len(instances[key])
+        if "_nvlink" in r:
+            r["nvlinks"] = [r.pop("_nvlink")]
+    return recs
+
+
+def parse_dcgm_exporter_scrape(text: str) -> dict[str, Any]:
+    """``gpuwarden parse dcgm-exporter``: one dcgm-exporter ``/metrics`` scrape -> ``{"series":
+    [{name, labels, value, timestamp, gpu, pci_bus_id, uuid, gpu_instance}], "gpus": [per-GPU
+    mapped record]}`` (MIG instances stay distinct series; see :func:`gpu_records`).
+
+    Raises:
+        ValueError: not Prometheus text, or no ``DCGM_FI_*`` (or 1.x ``dcgm_*``) series in it.
+    """
+    series = parse_scrape(text)
+    if not series:
+        raise ValueError("not dcgm-exporter output: no DCGM_FI_* (or dcgm-exporter 1.x dcgm_*) series")
+    recs = gpu_records(series)
+    gpus = []
+    for i, ((_, gpu), r) in enumerate(recs.items()):
+        rec = {"index": gpu if gpu is not None else i, **r}
+        if "_xid" in rec:
+            rec["xid_last"] = rec.pop("_xid")
+        gpus.append(rec)
+    return {"series": [vars(s) for s in series], "gpus": gpus}
+
+
+def _split_scrapes(name: str, text: str, tp: TimeParser) -> list[tuple[float | None, str]]:
+    marks = list(_SCRAPE_AT_RE.finditer(text))
+    if marks:
+        out: list[tuple[float | None, str]] = []
+        for i, m in enumerate(marks):
+            end = marks[i + 1].start() if i + 1 < len(marks) else len(text)
+            out.append((tp.parse(m["t"]), text[m.end() : end]))
+        return out
+    if nm := _NAME_ISO_RE.search(name):
+        y, mo, d, h, mi, sec, z = nm.groups()
+        return [(tp.parse(f"{y}-{mo}-{d}T{h}:{mi}:{sec}{z or ''}"), text)]
+    if ne := _NAME_EPOCH_RE.search(name):
+        return [(tp.parse(ne.group(1)), text)]
+    return [(None, text)]
+
+
+def read_dcgm_scrapes(
+    files: Sequence[tuple[str, str]], ctx: ReadContext, node: str, events: list[GpuEvent]
+) -> Iterator[Reading]:
+    """Readings of a series of dcgm-exporter scrapes: files ``(name, text)``, each holding one
+    scrape or several concatenated. A scrape's time: its ``# scrape at <ISO or epoch>`` comment,
+    else its samples' timestamps (ms; scrapes are then grouped by timestamp), else the time in
+    the file name (``metrics-2025-01-21T02:21:33Z.txt``, ``1737426093.prom``). An XID event
+    is appended to ``events`` when ``DCGM_FI_DEV_XID_ERRORS`` changes to a non-zero code.
+
+    Raises:
+        ValueError: a scrape with no time at all, or not Prometheus text (file named).
+    """
+    tp = TimeParser(ctx.tz)
+    last_xid: dict[tuple[str, int | None], int] = {}
+    index_of: dict[tuple[str, int | None], int] = {}
+    for name, text in files:
+        for ts, chunk in _split_scrapes(name, text, tp):
+            try:
+                series = parse_scrape(chunk)
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from exc
+            groups: dict[float, list[DcgmSeries]] = {}
+            for s in series:
+                t = ts if ts is not None else s.timestamp
+                if t is None:
+                    raise ValueError(
+                        f"{name}: scrape without a time (no '# scrape at', sample timestamps or time in the name)"
+                    )
+                groups.setdefault(t, []).append(s)
+            for t, grp in sorted(groups.items()):
+                ctx.rows += len(grp)
+                for key, r in gpu_records(grp, name).items():
+                    if key not in index_of:
+                        index_of[key] = key[1] if key[1] is not None else len(index_of)
+                    idx = index_of[key]
+                    xid = r.pop("_xid", None)
+                    if xid is not None:
+                        if xid != 0 and last_xid.get(key) != xid:
+                            raw = f'DCGM_FI_DEV_XID_ERRORS{{gpu="{idx}"}} {xid}'
+                            events.append(
+                                GpuEvent(
+                                    event_id=stable_id(node, t, "xid", xid, raw),
+                                    node=node,
+                                    ts=t,
+                                    kind=EventKind.XID,
+                                    code=xid,
+                                    gpu_index=idx,
+                                    pci_bus_id=r.get("pci_bus_id"),
+                                    gpu_uuid=r.get("uuid"),
+                                    message="DCGM_FI_DEV_XID_ERRORS changed (last XID of the GPU)",
+                                    raw=raw,
+                                    source="dcgm-exporter",
+                                )
+                            )
+                        last_xid[key] = xid
+                    yield t, idx, r

@@ -1,0 +1,41 @@
+"""``gpuwarden bench chaos --short`` on a real 3-broker KRaft cluster (issue 13, point 8):
+broker kill -9, service kill -9 and SIGTERM, a cluster outage, fuzzed/oversize and forged
+records, a foreign drain. Nothing found may be lost, duplicated or overwritten."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+GPUWARDEN = Path(sys.executable).with_name("gpuwarden")
+LINE = re.compile(
+    r"^chaos: injected (\d+), found (\d+), lost (\d+), duplicate failures (\d+), duplicate drains (\d+), "
+    r"foreign reasons overwritten (\d+), fuzzed (\d+), dead-lettered (\d+), crashes (\d+)$"
+)
+
+
+@pytest.mark.skipif(shutil.which("java") is None, reason="needs java for the Kafka cluster")
+def test_bench_chaos_short_loses_nothing(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [str(GPUWARDEN), "bench", "chaos", "--short", "--workdir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=420,
+    )
+    text = out.stdout + out.stderr
+    print(out.stdout[-4000:])
+    last = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
+    m = LINE.match(last)
+    assert m, f"no chaos line at the end:\n{text[-4000:]}"
+    injected, found, lost, dup_f, dup_d, overwritten, fuzzed, dead, crashes = map(int, m.groups())
+    assert injected == 5 and found == injected, last
+    assert (lost, dup_f, dup_d, overwritten, crashes) == (0, 0, 0, 0, 0), last
+    assert fuzzed == 50 and dead == fuzzed, last
+    assert out.returncode == 0, text[-4000:]

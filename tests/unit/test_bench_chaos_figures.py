@@ -1,0 +1,64 @@
+"""The chaos bench's pure parts: its scenario and its last line; and a setting that cannot be
+used (a CA file that is not a certificate) failing at start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuwarden.demo.bench_chaos import ChaosFigures, chaos_line, chaos_scenario, crash_lines
+from gpuwarden.demo.kafka_cluster import new_cluster_id
+from gpuwarden.shared.scenario import load_scenario
+from gpuwarden.shared.settings import BusSettings
+
+
+def test_chaos_line_is_the_documented_format() -> None:
+    f = ChaosFigures(injected=5, found=5, fuzzed=50, dead_lettered=49, crashes=1)
+    assert chaos_line(f) == (
+        "chaos: injected 5, found 5, lost 0, duplicate failures 0, duplicate drains 0, "
+        "foreign reasons overwritten 0, fuzzed 50, dead-lettered 49, crashes 1"
+    )
+
+
+def test_chaos_scenario_loads_with_one_expectation_per_fault(tmp_path: Path) -> None:
+    p = tmp_path / "chaos.yaml"
+    p.write_text(yaml.safe_dump(chaos_scenario([14.0, 54.0], 145.0)))
+    sc = load_scenario(p)
+    assert [(f.node, f.gpu, f.at_s) for f in sc.faults] == [("gpu-node-001", 0, 14.0), ("gpu-node-002", 1, 54.0)]
+    assert [(e.pattern, e.node, e.gpu) for e in sc.expect] == [
+        ("gpu-fallen-off-bus", "gpu-node-001", 0),
+        ("gpu-fallen-off-bus", "gpu-node-002", 1),
+    ]
+    with pytest.raises(ValueError, match="3 faults need"):
+        chaos_scenario([1.0, 2.0, 3.0], 10.0, nodes=2)
+
+
+def test_cluster_id_is_22_url_safe_characters() -> None:
+    ids = {new_cluster_id() for _ in range(50)}
+    assert len(ids) == 50
+    assert all(len(i) == 22 and not i.startswith("-") and set(i) <= set(
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_") for i in ids)  # fmt: skip
+
+
+def test_a_ca_file_that_is_not_a_certificate_fails_at_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bad = tmp_path / "ca.pem"
+    bad.write_text("this is not a PEM certificate\n")
+    monkeypatch.setenv("GPUWARDEN_SECURITY_PROTOCOL", "SSL")
+    monkeypatch.setenv("GPUWARDEN_SSL_CAFILE", str(bad))
+    s = BusSettings()
+    with pytest.raises(OSError):  # ssl.SSLError: run_service reports it as "error: cannot start" (exit 2)
+        s.kafka_kwargs()
+
+
+def test_crash_lines_find_task_and_faust_agent_crashes_only() -> None:
+    log = "\n".join(
+        [
+            "2026-12-01 14:02:09,070 ERROR [vm:1] faust.agents.actor: [^-Agent*: app.move]: Crashed reason=X()",
+            "2026-12-01 14:02:10,000 ERROR [vm:1] gpuwarden.shared.service: detector: task consume:x crashed",
+            "2026-12-01 14:02:11,000 WARNING [vm:1] detector: dead-lettering gpu.samples[0]@3: schema: crashed",
+            "2026-12-01 14:02:12,000 ERROR [vm:1] aiokafka: Unable connect to node with id 1",
+        ]
+    )
+    assert [ln[-10:] for ln in crash_lines(log)] == ["reason=X()", ":x crashed"]

@@ -1,0 +1,203 @@
+"""Delivery you can count (issue 13, points 1 and 5): confirmed deliveries, failed ones back in
+the outbox in order, events kept before samples, degraded health, rate-limited client logs,
+oversize records dead-lettered by reference, security settings that never fall back silently."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from gpuwarden.collector.outbox import Outbox
+from gpuwarden.shared.bus import DEAD_LETTER_MAX_BYTES, Consumer, MemoryPublisher
+from gpuwarden.shared.logfilter import RateLimitFilter
+from gpuwarden.shared.metrics import ServiceMetrics
+from gpuwarden.shared.models import DeadLetter, GpuEvent, NodeSample
+from gpuwarden.shared.settings import BusSettings
+from gpuwarden.shared.topics import replication_plan
+
+
+class FutureProducer:
+    """``send`` returns a delivery future the test settles (like aiokafka's)."""
+
+    def __init__(self) -> None:
+        self.futs: list[tuple[tuple[str, str | None, BaseModel], asyncio.Future[Any]]] = []
+
+    async def send(self, topic: str, key: str | None, value: BaseModel) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.futs.append(((topic, key, value), fut))
+        return fut
+
+    def settle(self, ok: bool) -> None:
+        for _, f in self.futs:
+            if not f.done():
+                f.set_result(None) if ok else f.set_exception(TimeoutError("Batch expired"))
+
+
+def sample(i: int) -> NodeSample:
+    return NodeSample(node="n1", ts=float(i), collector_id="t", source="nvml")
+
+
+def event(i: int) -> GpuEvent:
+    return GpuEvent(event_id=f"e{i}", node="n1", ts=float(i), kind="xid", code=79, gpu_index=0, raw=f"Xid 79 #{i}",
+                    source="kmsg")  # fmt: skip
+
+
+async def test_a_failed_delivery_goes_back_to_the_outbox_in_order_and_is_counted() -> None:
+    p = FutureProducer()
+    ob = Outbox(p.send, max_messages=100)
+    for i in range(3):
+        assert await ob.submit("gpu.samples", "n1", sample(i))
+    assert ob.pending == 3 and len(ob.inflight) == 3
+    p.settle(ok=False)  # the broker never confirmed them
+    assert ob.reap() == 3 and ob.failures == 3 and ob.degraded
+    assert [v.ts for _, _, v in ob.queue] == [0, 1, 2]  # type: ignore[attr-defined]
+    # while degraded only one probe is in flight; the rest waits in order
+    for i in range(3, 6):
+        assert not await ob.submit("gpu.samples", "n1", sample(i))
+    assert len(ob.inflight) == 1 and [v.ts for _, _, v in ob.queue] == [1, 2, 3, 4, 5]  # type: ignore[attr-defined]
+    p.settle(ok=True)
+    ob.reap()
+    assert not ob.degraded
+    await ob.flush()
+    p.settle(ok=True)
+    ob.reap()
+    assert ob.pending == 0 and ob.dropped == {}
+    sent_ok = [item[2].ts for item, f in p.futs if f.exception() is None]  # type: ignore[attr-defined]
+    assert sent_ok == [0, 1, 2, 3, 4, 5]
+
+
+async def test_events_are_never_dropped_before_samples() -> None:
+    async def down(topic: str, key: str | None, value: BaseModel) -> None:
+        raise ConnectionError("broker unreachable")
+
+    ob = Outbox(down, max_messages=4)
+    await ob.submit("gpu.events", "n1", event(0))
+    for i in range(1, 4):
+        await ob.submit("gpu.samples", "n1", sample(i))
+    await ob.submit("gpu.events", "n1", event(4))
+    await ob.submit("gpu.events", "n1", event(5))
+    assert [t for t, _, _ in ob.queue] == ["gpu.events", "gpu.samples", "gpu.events", "gpu.events"]
+    assert ob.dropped == {"gpu.samples": 2}
+    for i in range(6, 9):
+        await ob.submit("gpu.events", "n1", event(i))
+    assert all(t == "gpu.events" for t, _, _ in ob.queue) and ob.dropped == {"gpu.samples": 3, "gpu.events": 2}
+
+
+async def test_in_flight_messages_are_spooled_while_failing(tmp_path: Path) -> None:
+    spool = tmp_path / "spool.jsonl"
+    p = FutureProducer()
+    ob = Outbox(p.send, spool=spool)
+    await ob.submit("gpu.events", "n1", event(1))
+    p.settle(ok=False)
+    ob.reap()
+    await ob.submit("gpu.samples", "n1", sample(2))  # the probe (event 1) in flight, sample queued
+    assert len(ob.inflight) == 1
+    again = Outbox(p.send, spool=spool)  # kill -9 and restart: nothing lost
+    assert [t for t, _, _ in again.queue] == ["gpu.events", "gpu.samples"]
+
+
+async def test_collector_health_is_degraded_while_deliveries_fail() -> None:
+    from gpuwarden.collector.service import CollectorService
+    from gpuwarden.collector.settings import CollectorSettings
+
+    class Src:
+        name = "fake"
+
+        async def collect(self) -> list[NodeSample]:
+            return [sample(1)]
+
+        async def events(self) -> list[GpuEvent]:
+            return []
+
+        async def close(self) -> None: ...
+
+    p = FutureProducer()
+    svc = CollectorService(CollectorSettings(collector_source="replay", collector_replay_dir=Path(".")),
+                           producer=MemoryPublisher(), source=Src())  # type: ignore[arg-type]  # fmt: skip
+    svc.producer = p  # type: ignore[assignment]
+    svc._started = True
+    await svc.tick()
+    assert svc.health()["status"] == "ok" and svc.health()["buffered"] == 1
+    p.settle(ok=False)
+    await svc.tick()
+    h = svc.health()
+    assert h["status"] == "degraded" and h["broker"] == "unreachable" and h["delivery_failures"] == 1
+
+
+def test_reconnect_logging_is_rate_limited() -> None:
+    now = [0.0]
+    flt = RateLimitFilter(30.0, clock=lambda: now[0])
+
+    def rec(name: str, msg: str) -> logging.LogRecord:
+        return logging.LogRecord(name, logging.ERROR, "x", 1, msg, (), None)
+
+    passed = [flt.filter(rec("aiokafka.conn", "Unable connect to %s")) for _ in range(1000)]
+    assert passed.count(True) == 1 and flt.suppressed_total == 999
+    assert flt.filter(rec("gpuwarden.collector", "other")) and flt.filter(rec("gpuwarden.collector", "other"))
+    now[0] = 31.0
+    r = rec("aiokafka.conn", "Unable connect to %s")
+    assert flt.filter(r) and "999 similar" in str(r.msg)
+
+
+class DLProducer(MemoryPublisher):
+    async def publish(self, topic: str, key: str | None, value: BaseModel) -> None:
+        self.sent.append((topic, key, value))
+
+
+async def test_oversize_record_is_dead_lettered_by_reference_and_counts_as_handled() -> None:
+    s = BusSettings(topic_prefix="p.")
+    prod = DLProducer()
+    handled: list[Any] = []
+
+    async def handler(topic: str, value: BaseModel, rec: Any) -> None:
+        handled.append(value)
+
+    c = Consumer(s, "detector", ["failures"], "g", handler, prod, ServiceMetrics("t"))  # type: ignore[arg-type]
+    big = b"\xff" * 800_000  # not JSON, too large to carry in base64
+    huge = b"x" * 1_200_000  # over the message bound
+    for i, raw in enumerate((big, huge)):
+        await c._one("failures", SimpleNamespace(value=raw, key=b"k", partition=0, offset=10 + i))  # type: ignore[arg-type]
+    dls = prod.of("deadletter")
+    assert [d.offset for d in dls] == [10, 11] and handled == []
+    for d, raw in zip(dls, (big, huge), strict=True):
+        assert isinstance(d, DeadLetter) and d.truncated and d.value_size == len(raw)
+        assert len(base64.b64decode(d.value_b64)) <= 4096 and len(d.value_b64) < DEAD_LETTER_MAX_BYTES
+    assert "oversize" in dls[1].error and dls[0].error.startswith("schema:")
+
+
+def test_security_settings_never_fall_back_to_plaintext(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("GPUWARDEN_SECURITY_PROTOCOL", "SASL_SSL")
+    with pytest.raises(ValidationError, match="SASL_USERNAME"):
+        BusSettings()
+    monkeypatch.setenv("GPUWARDEN_SASL_USERNAME", "gw")
+    monkeypatch.setenv("GPUWARDEN_SASL_PASSWORD", "s3cret")
+    s = BusSettings()
+    kw = s.kafka_kwargs()
+    assert kw["security_protocol"] == "SASL_SSL" and kw["sasl_mechanism"] == "SCRAM-SHA-512"
+    assert kw["ssl_context"].check_hostname and "s3cret" not in repr(s)
+    monkeypatch.setenv("GPUWARDEN_SSL_CA_FILE", "/etc/ca.pem")  # a typo is an error, not ignored
+    with pytest.raises(ValidationError, match="unknown Kafka security setting"):
+        BusSettings()
+    monkeypatch.delenv("GPUWARDEN_SSL_CA_FILE")
+    monkeypatch.setenv("GPUWARDEN_SSL_CAFILE", str(tmp_path / "missing.pem"))
+    with pytest.raises(ValidationError, match="no such file"):
+        BusSettings()
+    monkeypatch.setenv("GPUWARDEN_SECURITY_PROTOCOL", "bogus")
+    with pytest.raises(ValidationError):
+        BusSettings()
+
+
+def test_replication_plan() -> None:
+    assert replication_plan(1) == (1, 1) and replication_plan(3) == (3, 2) and replication_plan(5) == (3, 2)
+    assert replication_plan(2) == (2, 1)
+    with pytest.raises(ValueError, match="needs at least 3 brokers"):
+        replication_plan(1, 3)
+    with pytest.raises(ValueError, match=r"min\.insync"):
+        replication_plan(3, 3, 4)

@@ -1,0 +1,117 @@
+"""Detector under faults (issue 13, points 6 and 7): bounded event time, state across restarts."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuwarden.detector.service import DetectorService, DetectorSettings
+from gpuwarden.shared.bus import MemoryPublisher
+from gpuwarden.shared.eventtime import EventTimeGuard
+from gpuwarden.shared.models import (
+    AttributedSample,
+    Failure,
+    FailureState,
+    GpuAttribution,
+    GpuSample,
+    NodeSample,
+)
+
+T0 = 1_700_000_000.0
+JOB = GpuAttribution(gpu_index=0, job_id="77", user="alice", partition="gpu", job_start_ts=T0 - 600, job_gpus=16)
+
+
+def gpu(i: int) -> GpuSample:
+    return GpuSample(index=i, uuid=f"GPU-{i}", name="NVIDIA H100 80GB HBM3", utilization_gpu_pct=96.0,
+                     memory_used_mib=70_000.0, memory_total_mib=81_559.0, temperature_c=66.0, power_w=640.0,
+                     power_limit_w=700.0, sm_clock_mhz=1980.0, max_sm_clock_mhz=1980.0)  # fmt: skip
+
+
+def sample(node: str, ts: float, n: int = 8) -> AttributedSample:
+    s = NodeSample(node=node, ts=ts, collector_id="t", source="test", gpus=[gpu(i) for i in range(n)])
+    return AttributedSample(sample=s, jobs=[JOB.model_copy(update={"gpu_index": i}) for i in range(n)])
+
+
+def service(tmp: Path | None = None, **kw: Any) -> tuple[DetectorService, MemoryPublisher]:
+    prod = MemoryPublisher()
+    s = DetectorSettings(detector_state_file=tmp, **kw)  # type: ignore[arg-type]
+    return DetectorService(s, producer=prod), prod  # type: ignore[arg-type]
+
+
+async def feed(svc: DetectorService, seconds: range, missing_from: int = 20, missing_to: int = 60) -> None:
+    for s in seconds:
+        for node in ("n1", "n2"):
+            n = 7 if node == "n1" and missing_from <= s < missing_to else 8
+            await svc.handle("gpu.attributed", sample(node, T0 + s, n))
+
+
+def opened(prod: MemoryPublisher, pattern: str) -> list[Failure]:
+    return [f for f in prod.of("failures") if f.pattern == pattern and f.state is FailureState.OPEN]
+
+
+def test_guard_bounds() -> None:
+    g = EventTimeGuard(max_ahead_s=86400, max_behind_s=365 * 86400, wall=lambda: T0)
+    assert g.check(T0) == T0
+    for bad in (1e308, math.inf, math.nan, T0 + 2 * 86400, T0 - 400 * 86400):
+        with pytest.raises(ValueError):
+            g.check(bad)
+    assert g.watermark == T0 and g.rejected == 5
+    assert g.check(T0 - 3600) == T0 - 3600 and g.watermark == T0  # late but in bounds: kept, no move
+
+
+async def test_a_poisoned_timestamp_is_rejected_and_does_not_move_the_watermark() -> None:
+    svc, prod = service()
+    await feed(svc, range(0, 10), missing_from=10**9)
+    with pytest.raises(ValueError, match="ahead"):
+        await svc.handle("gpu.attributed", sample("n1", 1e308))
+    assert svc.durable.guard.watermark == T0 + 9
+    await feed(svc, range(10, 120), missing_from=10**9)
+    # no node looks silent: the watermark never jumped
+    assert [f.pattern for f in prod.of("failures")] == []
+
+
+async def test_a_condition_that_was_opening_opens_once_after_a_restart(tmp_path: Path) -> None:
+    state = tmp_path / "detector.state"
+    a, pa = service(state)
+    await feed(a, range(0, 25))  # GPU 7 of n1 gone since s=20; gpu-missing opens at s=30
+    assert opened(pa, "gpu-missing") == []
+    a.durable.save()  # what the commit hook writes; then kill -9
+    b, pb = service(state)
+    assert b.durable.restored
+    await feed(b, range(25, 70))
+    assert len(opened(pb, "gpu-missing")) == 1
+    # without the state the restarted detector never learns the node had 8 GPUs
+    c, pc = service(None)
+    await feed(c, range(25, 70))
+    assert opened(pc, "gpu-missing") == []
+
+
+async def test_an_open_condition_is_not_opened_twice_after_a_restart(tmp_path: Path) -> None:
+    state = tmp_path / "detector.state"
+    a, pa = service(state)
+    await feed(a, range(0, 40))
+    (first,) = opened(pa, "gpu-missing")
+    a.durable.save()
+    b, pb = service(state)
+    await feed(b, range(35, 160))  # redelivered records after the last commit, then on
+    assert opened(pb, "gpu-missing") == []
+    resolved = [f for f in pb.of("failures") if f.pattern == "gpu-missing" and f.state is FailureState.RESOLVED]
+    assert [f.failure_id for f in resolved] == [first.failure_id]
+
+
+async def test_commit_waits_for_a_state_write(tmp_path: Path) -> None:
+    state = tmp_path / "detector.state"
+    a, _ = service(state, detector_state_interval_s=3600)
+    assert await a.durable.before_commit(False) is True and state.exists()  # first write is due
+    assert await a.durable.before_commit(False) is False  # not due: commit deferred
+    assert await a.durable.before_commit(True) is True and a.durable.writes == 2
+
+
+def test_a_bad_state_file_starts_empty(tmp_path: Path) -> None:
+    state = tmp_path / "detector.state"
+    state.write_bytes(b"not a snapshot")
+    svc, _ = service(state)
+    assert not svc.durable.restored and svc.detector.episodes == {}

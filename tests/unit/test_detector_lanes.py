@@ -1,0 +1,92 @@
+"""Detector event lane: its own consumer group, raw events attributed by the engine, each event
+turned into one failure whichever of its two copies (raw, attributed) comes first."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gpuwarden.detector.lanes import EVENT_LANE, SAMPLE_LANE, as_attributed, event_lane_group
+from gpuwarden.detector.service import DetectorService, DetectorSettings
+from gpuwarden.shared.bus import MemoryPublisher
+from gpuwarden.shared.models import AttributedEvent, EventKind, GpuAttribution, GpuEvent, JobState, stable_id
+
+RAW = "NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus"
+
+
+def _event(ts: float = 1000.0) -> GpuEvent:
+    return GpuEvent(
+        event_id=stable_id("gpu-node-002", ts, 79, RAW),
+        node="gpu-node-002",
+        ts=ts,
+        kind=EventKind.XID,
+        code=79,
+        gpu_index=3,
+        pci_bus_id="0000:44:00.0",
+        message="GPU has fallen off the bus",
+        raw=RAW,
+        source="test",
+    )
+
+
+def _job() -> JobState:
+    return JobState(
+        job_id="1001",
+        ts=990.0,
+        state="RUNNING",
+        user="user1",
+        partition="gpu",
+        nodes=["gpu-node-002"],
+        gpus={"gpu-node-002": [0, 1, 2, 3]},
+        start_ts=900.0,
+    )
+
+
+def _service(group: str | None = None) -> tuple[DetectorService, MemoryPublisher]:
+    out = MemoryPublisher()
+    return DetectorService(DetectorSettings(consumer_group=group), producer=out), out  # type: ignore[arg-type]
+
+
+def test_lanes_split_the_topics_and_the_event_lane_has_its_own_group() -> None:
+    svc, _ = _service("det-a")
+    asyncio.run(svc.on_start())
+    by_group = {c._group_id: c.topics for c in svc._consumers}
+    assert by_group == {"det-a": list(SAMPLE_LANE), "det-a-events": list(EVENT_LANE)}
+    assert not set(SAMPLE_LANE) & set(EVENT_LANE)
+    assert {"gpu.events", "gpu.events.attributed", "slurm.jobs"} <= set(EVENT_LANE)
+    assert "gpu.attributed" not in EVENT_LANE  # the sample backlog is never in front of an XID
+    assert event_lane_group(DetectorSettings()) == "gpuwarden-detector-events"
+
+
+def test_raw_event_is_attributed_by_the_engine_from_slurm_jobs() -> None:
+    a = as_attributed(_event())
+    assert a.job is None and a.node_jobs == [] and a.event.code == 79
+    svc, out = _service()
+    asyncio.run(svc.handle("slurm.jobs", _job()))
+    asyncio.run(svc.handle("gpu.events", _event()))
+    [f] = out.of("failures")
+    assert (f.pattern, f.node, f.gpu_index, f.job_id, f.user) == (
+        "gpu-fallen-off-bus",
+        "gpu-node-002",
+        3,
+        "1001",
+        "user1",
+    )
+
+
+@pytest.mark.parametrize("raw_first", [True, False])
+def test_the_two_copies_of_an_event_give_one_failure(raw_first: bool) -> None:
+    svc, out = _service()
+    job = GpuAttribution(gpu_index=3, job_id="1001", user="user1", partition="gpu", job_gpus=4)
+    asyncio.run(svc.handle("slurm.jobs", _job()))
+    copies: list[tuple[str, GpuEvent | AttributedEvent]] = [
+        ("gpu.events", _event()),
+        ("gpu.events.attributed", AttributedEvent(event=_event(), job=job)),
+    ]
+    for topic, value in copies if raw_first else reversed(copies):
+        asyncio.run(svc.handle(topic, value))
+    fails = out.of("failures")
+    assert len(fails) == 1
+    assert fails[0].failure_id == stable_id("xid-79-fallen-off-bus", "gpu-node-002", 3, 1000.0)
+    assert fails[0].occurrences == 1  # the second copy is not counted as a repeat
