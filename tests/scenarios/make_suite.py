@@ -307,9 +307,9 @@ S["telemetry-silent-negative"] = sc(
 # --- job efficiency ---------------------------------------------------------------------------
 for pattern, profile, within, gpu, dur in [
     # within_s follows the rules and the job's start-up phase (up to 240 s of model loading):
-    # idle after the 300 s start-up grace + 300 s; input-starvation and low tensor activity after
+    # idle once it outlasts the 300 s start-up grace; input-starvation and low tensor activity after
     # the start-up phase + 600 s / 300 s; memory growth after the start-up grace + 6 windows
-    ("idle-allocation", "idle", 680, None, 800),
+    ("idle-allocation", "idle", 420, None, 600),
     ("partial-idle-allocation", "partial-idle", 480, 4, 600),
     ("input-starvation", "input-bound", 900, None, 1100),
     ("checkpoint-stall", "checkpoint-heavy", 500, None, 600),

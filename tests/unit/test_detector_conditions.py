@@ -524,3 +524,9 @@ def test_the_gpu_that_fell_off_the_bus_going_missing_is_the_same_failure() -> No
             out += d.on_event(AttributedEvent(event=ev, job=JOB.model_copy(update={"gpu_index": 7})))
     assert {f.pattern for f in out} == {"gpu-fallen-off-bus"} and len({f.failure_id for f in out}) == 1
     assert "gpu_count" in {e.signal for e in out[-1].evidence}
+
+
+def test_an_idle_start_is_an_idle_allocation_once_it_outlasts_the_grace() -> None:
+    fired = [f for f in run_windows(JOB_CASES["idle-allocation"], 40) if f.pattern == "idle-allocation"]
+    assert fired and fired[0].first_seen == T0 + 310  # the first window ends at 10 s, + 300 s: not grace + for_s
+    assert not [f for f in run_windows(JOB_CASES["idle-allocation"], 28) if f.pattern == "idle-allocation"]

@@ -112,12 +112,13 @@ class Silent(_S):
 
 
 class Idle(_S):
-    """Every GPU of the job idle for a whole window (its busiest reading at most the threshold),
-    after the job's start-up grace (model loading, data staging)."""
+    """Every GPU of the job idle for a whole window (its busiest reading at most the threshold).
+    An idle stretch from the job's start (model loading, data staging) counts from the start but
+    opens no failure before ``startup_grace_s``: it is an idle allocation once it outlasts it."""
 
     type: Literal["idle"]
     max_utilization_pct: float = Field(5, ge=0, le=100)
-    startup_grace_s: float = Field(300, ge=0, description="Windows this soon after the job's start never count, s")
+    startup_grace_s: float = Field(300, ge=0, description="No idle allocation opens this soon after the job's start, s")
 
 
 class PartialIdle(_S):
@@ -358,6 +359,7 @@ class Reading:
     value: float | str
     unit: str | None
     threshold: float | str | None
+    hold: bool = False  # unhealthy, but may not open a failure yet (a job's start-up grace)
 
     def evidence(self, ts: float, source: str) -> Evidence:
         v = round(self.value, 3) if isinstance(self.value, float) else self.value
@@ -536,8 +538,9 @@ def evaluate_job(
         if not peaks:
             return []
         peak = max(peaks)
-        bad = peak <= sig.max_utilization_pct and not ctx.in_grace(first, sig.startup_grace_s)
-        return [(first.node, None, Reading(bad, "max_gpu_utilization_pct", peak, "%", sig.max_utilization_pct))]
+        bad = peak <= sig.max_utilization_pct
+        hold = ctx.in_grace(first, sig.startup_grace_s)
+        return [(first.node, None, Reading(bad, "max_gpu_utilization_pct", peak, "%", sig.max_utilization_pct, hold))]
     if isinstance(sig, PartialIdle):
         if len(utils) < 2:
             return []
@@ -727,7 +730,7 @@ class Tracker:
             self.evidence = [*self.evidence[:1], *self.evidence[1:][-3:], reading.evidence(ts, source)]
             self.occurrences += 1
             self.last_seen = ts
-            if not self.opened and ts - self.bad_since >= rule.for_s:
+            if not self.opened and ts - self.bad_since >= rule.for_s and not reading.hold:
                 # first_seen is when the condition is confirmed (held for_s): the detection time;
                 # the evidence keeps the readings from its onset on
                 self.opened, self.first_seen = True, ts
