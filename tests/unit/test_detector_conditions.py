@@ -500,32 +500,6 @@ def test_gpus_taking_turns_are_not_input_starved() -> None:
     assert "input-starvation" in patterns(run_windows(turns, 100, {"n1": 8}))
 
 
-def test_the_gpu_that_fell_off_the_bus_going_missing_is_the_same_failure() -> None:
-    d = Detector(load_catalog())
-    out: list[Failure] = []
-    for s in range(60):
-        n = 7 if s >= 21 else 8  # GPU 7 gone from NVML right after its XID 79
-        sample = NodeSample(node="n1", ts=T0 + s, collector_id="t", source="test", gpus=[healthy(i) for i in range(n)])
-        out += d.on_sample(
-            AttributedSample(sample=sample, jobs=[JOB.model_copy(update={"gpu_index": i}) for i in range(n)])
-        )
-        if s == 20:
-            ev = GpuEvent(
-                event_id="x79",
-                node="n1",
-                ts=T0 + 20.5,
-                kind=EventKind.XID,
-                code=79,
-                gpu_index=7,
-                message="GPU has fallen off the bus.",
-                raw="NVRM: Xid (PCI:0000:1f:00): 79, ...",
-                source="test",
-            )
-            out += d.on_event(AttributedEvent(event=ev, job=JOB.model_copy(update={"gpu_index": 7})))
-    assert {f.pattern for f in out} == {"gpu-fallen-off-bus"} and len({f.failure_id for f in out}) == 1
-    assert "gpu_count" in {e.signal for e in out[-1].evidence}
-
-
 def test_an_idle_start_is_an_idle_allocation_once_it_outlasts_the_grace() -> None:
     fired = [f for f in run_windows(JOB_CASES["idle-allocation"], 40) if f.pattern == "idle-allocation"]
     assert fired and fired[0].first_seen == T0 + 310  # the first window ends at 10 s, + 300 s: not grace + for_s
