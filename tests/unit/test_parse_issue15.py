@@ -3,6 +3,7 @@ tests/fixtures and ../shared/fixtures; each asserts values, so a wrong reading f
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,10 @@ from gpuwarden.shared.slurm.parsers import hostlist
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures"
 SHARED = ROOT.parent / "shared" / "fixtures"
-needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/fixtures not present")
+needs_shared = pytest.mark.skipif(
+    not SHARED.is_dir() and not os.environ.get("CI"),
+    reason="../shared/fixtures not beside this checkout (CI has it: there a missing folder fails)",
+)
 
 
 @needs_shared
