@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PKGS := -e shared -e services/collector -e services/slurm-watcher -e services/correlator \
         -e services/detector -e services/otlp-bridge -e services/remediator -e services/health-check -e services/console -e .
 
-.PHONY: dev demo test test-unit test-integration check lint schemas kafka-fetch clean
+.PHONY: dev demo test test-unit test-scored test-integration check lint docs schemas kafka-fetch clean
 
 $(BIN)/gpuwarden: pyproject.toml shared/pyproject.toml services/*/pyproject.toml requirements-dev.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -20,18 +20,34 @@ dev: $(BIN)/gpuwarden
 demo: dev
 	$(BIN)/gpuwarden demo --report demo-report.json
 
-## test: the whole suite (unit + integration on real Apache Kafka and a real Slurm)
+## test: the whole suite (unit + scored scenarios + integration on real Apache Kafka and a real Slurm)
 test: dev
 	$(BIN)/python -m pytest -q tests
 
+## test-unit: the fast layer (about a minute): no broker, no Slurm, no scored scenario runs
 test-unit: dev
-	$(BIN)/python -m pytest -q -m "not integration" tests
+	$(BIN)/python -m pytest -q -m "not integration and not scored" tests
 
-check: dev
+## test-scored: the scored scenario suite (every tests/scenarios/*.yaml run in-process and scored)
+test-scored: dev
+	$(BIN)/python -m pytest -q -m "scored and not integration" tests
+
+## test-integration: real Apache Kafka (or Tansu), real Slurm (root), real OTLP/Prometheus servers
+test-integration: dev
+	$(BIN)/python -m pytest -q -m integration tests
+
+## lint: ruff (lint + format check) and mypy over every package
+lint: dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy shared/src services/*/src src
-	$(BIN)/python -m pytest -q tests
+
+## check: lint, then the whole suite
+check: lint test
+
+## docs: regenerate the generated parts of docs/ and the READMEs (topics and settings tables)
+docs: dev
+	$(BIN)/python -m gpuwarden.docgen
 
 schemas: dev
 	$(BIN)/gpuwarden schemas --out docs/schemas

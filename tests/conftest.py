@@ -1,9 +1,12 @@
 """Shared test fixtures.
 
-``kafka_bootstrap`` (session): an external ``GPUWARDEN_BOOTSTRAP_SERVERS`` if set, else a
-real Apache Kafka started with ``deploy/kafka.sh`` (java present), else the embedded Tansu
-broker. ``GPUWARDEN_TEST_REQUIRE_KAFKA=1`` (set by CI) makes the Tansu fallback an error,
-so the integration tests provably run against Apache Kafka in CI.
+``kafka_bootstrap`` (session): an external ``GPUWARDEN_BOOTSTRAP_SERVERS`` if set; else, as
+``GPUWARDEN_TEST_SERVERS`` (``auto`` by default, ``containers``, ``local``; see
+``tests/servers.py``) chooses, Apache Kafka in a container (testcontainers, a Docker engine) or
+from the jars of ``deploy/kafka.sh`` (java present); else the embedded Tansu broker.
+``GPUWARDEN_TEST_REQUIRE_KAFKA=1`` (set by CI) makes the Tansu fallback an error, so the
+integration tests provably run against Apache Kafka in CI. ``docker_engine`` (session): whether
+a Docker engine answers (not probed under ``GPUWARDEN_TEST_SERVERS=local``).
 """
 
 from __future__ import annotations
@@ -16,36 +19,45 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.shared.brokers import ApacheKafka, TansuBroker
 from gpuwarden.shared.topics import create_topics
+from gpuwarden.sim.brokers import ApacheKafka, TansuBroker
+from servers import choose_kafka, docker_available, kafka_version, servers_mode
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap() -> Iterator[str]:
-    external = os.environ.get("GPUWARDEN_BOOTSTRAP_SERVERS")
-    if external:
-        yield external
-        return
+def docker_engine() -> bool:
+    """A Docker engine answers a ping (2 s at most); False without probing in ``local`` mode."""
+    return servers_mode(os.environ) != "local" and docker_available()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(docker_engine: bool) -> Iterator[str]:
     script = ROOT / "deploy" / "kafka.sh"
-    if ApacheKafka.available(script):
+    choice = choose_kafka(os.environ, docker=docker_engine, java=ApacheKafka.available(script))
+    if choice == "external":
+        yield os.environ["GPUWARDEN_BOOTSTRAP_SERVERS"]
+    elif choice == "container":
+        import server_containers
+
+        with server_containers.kafka(kafka_version(os.environ, script)) as addr:
+            yield addr
+    elif choice == "jars":
         k = ApacheKafka(script)
         addr = k.start()
         try:
             yield addr
         finally:
             k.stop()
-        return
-    if os.environ.get("GPUWARDEN_TEST_REQUIRE_KAFKA") == "1":
-        raise RuntimeError("GPUWARDEN_TEST_REQUIRE_KAFKA=1 but Apache Kafka cannot start (java missing?)")
-    b = TansuBroker()
-    addr = b.start()
-    try:
-        yield addr
-    finally:
-        b.stop()
+    else:
+        b = TansuBroker()
+        addr = b.start()
+        try:
+            yield addr
+        finally:
+            b.stop()
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install gpuwarden systemd units: deploy/systemd/install.sh SERVICE... (collector, otlp-bridge,
-# slurm-watcher, correlator, detector, remediator). Creates the system user `gpuwarden`, copies
+# slurm-watcher, correlator, correlator-events, detector, remediator). Creates the system user `gpuwarden`, copies
 # gpuwarden-SERVICE.service to /etc/systemd/system/ and SERVICE.env to /etc/gpuwarden/ (an
 # existing env file is kept: it holds your settings), then `systemctl daemon-reload`.
 # The units run /opt/gpuwarden/bin/gpuwarden (see the README's install section).

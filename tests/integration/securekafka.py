@@ -1,6 +1,6 @@
 """A real Apache Kafka with the listeners production runs, for the security tests.
 
-One KRaft node (:class:`gpuwarden.demo.kafka_cluster.KafkaNode`) with:
+One KRaft node (:class:`gpuwarden.sim.kafka_cluster.KafkaNode`) with:
 
 * ``SASL_SSL`` (SCRAM-SHA-512 and PLAIN), TLS certificate for ``localhost``/``127.0.0.1``;
 * ``MTLS``: ``SSL`` requiring a client certificate (principal = the certificate's CN);
@@ -27,8 +27,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import NameOID
 
-from gpuwarden.demo.kafka_cluster import KafkaNode, kafka_libs, new_cluster_id
-from gpuwarden.shared.brokers import free_port
+from gpuwarden.sim.brokers import free_port
+from gpuwarden.sim.kafka_cluster import KafkaNode, kafka_libs, new_cluster_id
 
 PASSWORDS = {"admin": "admin-secret", "alice": "alice-secret", "mallory": "mallory-secret"}
 DENIED_PREFIX = "denied."
@@ -136,7 +136,7 @@ def start_secure_kafka(folder: Path, heap: str = "384m") -> SecureKafka:
     """Start the broker described in the module docstring (about 10-20 s); ACLs set.
 
     Raises:
-        gpuwarden.shared.brokers.BrokerError: it did not start.
+        gpuwarden.sim.brokers.BrokerError: it did not start.
     """
     libs = kafka_libs()
     pki = make_pki(folder / "pki")

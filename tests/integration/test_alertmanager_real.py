@@ -1,4 +1,5 @@
-"""The remediator's alerts through a real Alertmanager (Debian ``prometheus-alertmanager``)
+"""The remediator's alerts through a real Alertmanager (Debian ``prometheus-alertmanager``, or
+its image ``prom/alertmanager`` of the same version when ``tests/servers.py`` chooses containers)
 with the route tree a site writes: ``severity="critical"`` pages, ``severity="warning"`` opens
 a ticket, both webhooks into a small aiohttp receiver here. Checks what the receivers got and
 what ``/api/v2/alerts`` shows, in dry-run (the default): a fatal XID 79 pages; and that
@@ -23,13 +24,15 @@ from aiokafka import AIOKafkaProducer
 from kafkatools import read
 from pydantic import SecretStr
 
+import server_containers
 from factories import make_failure, node_states
 from gpuwarden.remediator import Remediator, RemediatorSettings
 from gpuwarden.remediator.alerts import Alerter, AlertmanagerSink, JsonWebhookSink
 from gpuwarden.remediator.policy_file import PolicyAction, PolicyFile, PolicyRule
 from gpuwarden.shared.bus import MemoryPublisher
 from gpuwarden.shared.models import Action, FailureState, Remediation, Severity
-from gpuwarden.shared.slurm import FakeSlurm
+from gpuwarden.sim.slurm import FakeSlurm
+from servers import ServerChoice, choose_server
 
 pytestmark = pytest.mark.integration
 
@@ -58,8 +61,20 @@ class Receivers:
         return [(a["status"], a) for body in self.got[name] for a in body["alerts"]]
 
 
+def alertmanager_binary() -> str | None:
+    return shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+
+
 @pytest.fixture
-async def receivers() -> AsyncIterator[tuple[Receivers, int]]:
+def alertmanager_choice(docker_engine: bool) -> ServerChoice:
+    """Alertmanager in a container, the Debian package's, or missing (see tests/servers.py)."""
+    return choose_server("Alertmanager", os.environ, docker_engine, alertmanager_binary() is not None)
+
+
+@pytest.fixture
+async def receivers(alertmanager_choice: ServerChoice) -> AsyncIterator[tuple[Receivers, int]]:
+    """The webhook receivers on a free port: on loopback, or on every interface when Alertmanager
+    runs in a container (it posts to this host through the docker bridge)."""
     rec = Receivers()
     app = web.Application()
     for name in rec.got:
@@ -67,7 +82,8 @@ async def receivers() -> AsyncIterator[tuple[Receivers, int]]:
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    bind = server_containers.BIND_FOR_CONTAINERS if alertmanager_choice == "container" else "127.0.0.1"
+    await web.TCPSite(runner, bind, port).start()
     try:
         yield rec, port
     finally:
@@ -91,27 +107,35 @@ route:
 receivers:
   - name: blackhole
   - name: pager
-    webhook_configs: [{{url: 'http://127.0.0.1:{port}/pager', send_resolved: true}}]
+    webhook_configs: [{{url: 'http://{host}:{port}/pager', send_resolved: true}}]
   - name: ticket
-    webhook_configs: [{{url: 'http://127.0.0.1:{port}/ticket', send_resolved: true}}]
+    webhook_configs: [{{url: 'http://{host}:{port}/ticket', send_resolved: true}}]
 """
 
 
 @pytest.fixture
-def alertmanager(receivers: tuple[Receivers, int], tmp_path: Path) -> Iterator[str]:
-    binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
-    if binary is None:
+def alertmanager(receivers: tuple[Receivers, int], alertmanager_choice: ServerChoice, tmp_path: Path) -> Iterator[str]:
+    """A real Alertmanager with SITE_CONFIG routing to ``receivers``; yields its base URL."""
+    if alertmanager_choice == "missing":
         give_up = pytest.fail if os.environ.get("CI") else pytest.skip  # .ci/run installs it
         give_up("Debian package prometheus-alertmanager not installed (listed in deploy/debian-packages.txt)")
+    in_container = alertmanager_choice == "container"
     _, rport = receivers
     cfg = tmp_path / "alertmanager.yml"
-    cfg.write_text(SITE_CONFIG.format(port=rport))
+    host = server_containers.HOST_FROM_CONTAINER if in_container else "127.0.0.1"  # where it posts
+    cfg.write_text(SITE_CONFIG.format(host=host, port=rport))
     check = shutil.which("amtool")  # in the same Debian package
     if check is None and os.environ.get("CI"):
         pytest.fail("amtool not installed (Debian package prometheus-alertmanager)")
     if check:
         res = subprocess.run([check, "check-config", str(cfg)], capture_output=True, text=True, timeout=30)
         assert res.returncode == 0, res.stdout + res.stderr
+    if in_container:
+        with server_containers.alertmanager(cfg.read_text()) as base:
+            yield base
+        return
+    binary = alertmanager_binary()
+    assert binary is not None  # alertmanager_choice said "local"
     port = free_port()
     log = (tmp_path / "alertmanager.log").open("wb")
     proc = subprocess.Popen(

@@ -18,8 +18,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.partitioner import DefaultPartitioner
 
-from gpuwarden.shared.brokers import free_port
 from gpuwarden.shared.models import GpuSample, JobState, JobWindow, NodeSample
+from gpuwarden.sim.brokers import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from gpuwarden.shared.brokers import free_port
 from gpuwarden.shared.models import (
     AttributedEvent,
     AttributedSample,
@@ -28,6 +27,7 @@ from gpuwarden.shared.models import (
     JobState,
     NodeSample,
 )
+from gpuwarden.sim.brokers import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -24,12 +24,12 @@ from securekafka import DENIED_PREFIX, PASSWORDS, SecureKafka, start_secure_kafk
 
 from factories import make_failure
 from gpuwarden.remediator import Remediator, RemediatorSettings
-from gpuwarden.shared.brokers import free_port
 from gpuwarden.shared.bus import Consumer, DeliveryError, NotAuthorizedError, Producer
 from gpuwarden.shared.metrics import ServiceMetrics
 from gpuwarden.shared.models import AttributedSample, GpuSample, JobState, NodeSample, NodeState
 from gpuwarden.shared.settings import BusSettings
-from gpuwarden.shared.slurm.simulated import FakeSlurm
+from gpuwarden.sim.brokers import free_port
+from gpuwarden.sim.slurm import FakeSlurm
 
 pytestmark = pytest.mark.integration
 

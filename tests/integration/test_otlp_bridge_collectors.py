@@ -1,5 +1,7 @@
 """The otlp-bridge against real collectors: rotel (OTLP, gRPC and HTTP in) forwarding to an
-in-process OTLP receiver, and Debian's Prometheus scraping ``/metrics``."""
+in-process OTLP receiver, and Debian's Prometheus scraping ``/metrics``. When ``tests/servers.py``
+chooses containers, the OpenTelemetry Collector (contrib) image stands in for rotel and the
+``prom/prometheus`` image of Debian's version for the package."""
 
 from __future__ import annotations
 
@@ -38,6 +40,9 @@ from gpuwarden.shared.models import (
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "otlp"))
 from receiver import OtlpReceiver
 
+import server_containers
+from servers import ServerChoice, choose_server
+
 pytestmark = pytest.mark.integration
 
 MIB = 1024 * 1024
@@ -70,14 +75,26 @@ def wait_port(port: int, timeout_s: float = 20.0) -> None:
 
 
 @pytest.fixture
-def receiver() -> Iterator[OtlpReceiver]:
-    with OtlpReceiver() as r:
+def collector_choice(docker_engine: bool) -> ServerChoice:
+    """The OTLP collector: the OpenTelemetry Collector in a container, or rotel (a pinned wheel)."""
+    return choose_server("the OTLP collector", os.environ, docker_engine, local=True)
+
+
+@pytest.fixture
+def receiver(collector_choice: ServerChoice) -> Iterator[OtlpReceiver]:
+    """The in-process OTLP receiver: on loopback, or every interface for a collector in a container."""
+    with OtlpReceiver(server_containers.BIND_FOR_CONTAINERS if collector_choice == "container" else "127.0.0.1") as r:
         yield r
 
 
 @pytest.fixture
-def rotel(receiver: OtlpReceiver, tmp_path: Path) -> Iterator[dict[str, int]]:
-    """rotel-agent with batching off: OTLP in on gRPC and HTTP, OTLP/gRPC out to ``receiver``."""
+def rotel(receiver: OtlpReceiver, collector_choice: ServerChoice, tmp_path: Path) -> Iterator[dict[str, int]]:
+    """The OTLP collector, batching off: OTLP in on gRPC and HTTP, OTLP/gRPC out to ``receiver``;
+    yields its ports on 127.0.0.1. rotel-agent, or the OpenTelemetry Collector in a container."""
+    if collector_choice == "container":
+        with server_containers.otel_collector(receiver.port) as ports:
+            yield ports
+        return
     grpc_port, http_port = free_port(), free_port()
     argv = [
         rotel_binary(), "start",
@@ -314,16 +331,28 @@ def http_json(url: str) -> Any:
         return json.loads(resp.read())
 
 
+def prometheus_binary() -> str | None:
+    return shutil.which("prometheus")
+
+
 @pytest.fixture
-def bridge_metrics_port() -> Iterator[tuple[OtlpBridge, int]]:
-    """A bridge (no OTLP) with its collector served on ``/metrics`` on a free loopback port."""
+def prometheus_choice(docker_engine: bool) -> ServerChoice:
+    """Prometheus in a container, the Debian package's, or missing (see tests/servers.py)."""
+    return choose_server("Prometheus", os.environ, docker_engine, prometheus_binary() is not None)
+
+
+@pytest.fixture
+def bridge_metrics_port(prometheus_choice: ServerChoice) -> Iterator[tuple[OtlpBridge, int]]:
+    """A bridge (no OTLP) with its collector served on ``/metrics`` on a free port: on loopback,
+    or every interface when Prometheus runs in a container (it scrapes through the docker bridge)."""
     from prometheus_client import CollectorRegistry, start_http_server
 
     bridge = OtlpBridge(resource=build_resource("bridge-test"))
     registry = CollectorRegistry()
     registry.register(bridge.collector)
     port = free_port()
-    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+    addr = server_containers.BIND_FOR_CONTAINERS if prometheus_choice == "container" else "127.0.0.1"
+    server, thread = start_http_server(port, addr=addr, registry=registry)
     try:
         yield bridge, port
     finally:
@@ -333,20 +362,24 @@ def bridge_metrics_port() -> Iterator[tuple[OtlpBridge, int]]:
 
 
 @pytest.fixture
-def prometheus(bridge_metrics_port: tuple[OtlpBridge, int], tmp_path: Path) -> Iterator[int]:
-    """Debian's Prometheus scraping the bridge every second; yields its HTTP port."""
-    binary = shutil.which("prometheus")
-    if binary is None:
+def prometheus(
+    bridge_metrics_port: tuple[OtlpBridge, int], prometheus_choice: ServerChoice, tmp_path: Path
+) -> Iterator[int]:
+    """Prometheus (Debian's, or its image) scraping the bridge every second; yields its HTTP port."""
+    if prometheus_choice == "missing":
         give_up = pytest.fail if os.environ.get("CI") else pytest.skip  # .ci/run installs it
         give_up("Debian package prometheus not installed (listed in deploy/debian-packages.txt)")
     _, target = bridge_metrics_port
+    if prometheus_choice == "container":
+        scrape = f"{server_containers.HOST_FROM_CONTAINER}:{target}"
+        with server_containers.prometheus(server_containers.prometheus_config(scrape, "gpuwarden-otlp-bridge")) as port:
+            yield port
+        return
+    binary = prometheus_binary()
+    assert binary is not None  # prometheus_choice said "local"
     port = free_port()
     config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-        "scrape_configs:\n"
-        f"  - job_name: gpuwarden-otlp-bridge\n    static_configs: [{{targets: ['127.0.0.1:{target}']}}]\n"
-    )
+    config.write_text(server_containers.prometheus_config(f"127.0.0.1:{target}", "gpuwarden-otlp-bridge"))
     log = (tmp_path / "prometheus.log").open("wb")
     proc = subprocess.Popen(
         [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",

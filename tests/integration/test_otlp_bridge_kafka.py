@@ -9,7 +9,7 @@ from collections.abc import Callable
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from opentelemetry.sdk._logs.export import InMemoryLogExporter
+from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import generate_latest
 
@@ -51,7 +51,7 @@ def _power_points(reader: InMemoryMetricReader) -> list[tuple[dict[str, object],
 
 async def test_bridge_consumes_kafka_and_dead_letters_bad_messages(bus_env: dict[str, str]) -> None:
     settings = OtlpBridgeSettings()
-    reader, logs = InMemoryMetricReader(), InMemoryLogExporter()
+    reader, logs = InMemoryMetricReader(), InMemoryLogRecordExporter()
     svc = OtlpBridgeService(settings, metric_readers=[reader], log_exporters=[logs], log_processor="simple")
     now = time.time()
     attributed = AttributedSample(

@@ -24,8 +24,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from gpuwarden.demo.runner import ServiceProc, spawn_service, stop_services, wait_healthy
-from gpuwarden.shared.brokers import free_port
 from gpuwarden.shared.models import AttributedSample, Failure, Remediation
+from gpuwarden.sim.brokers import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 

@@ -13,7 +13,7 @@ from kafkatools import read
 from factories import make_failure
 from gpuwarden.remediator import Remediator, RemediatorSettings
 from gpuwarden.shared.models import Failure, NodeState, Remediation, Severity
-from gpuwarden.shared.slurm.simulated import FakeSlurm
+from gpuwarden.sim.slurm import FakeSlurm
 
 pytestmark = pytest.mark.integration
 

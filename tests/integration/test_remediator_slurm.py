@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.remediator import LeaseBoard, MemoryAlertSink, MemoryLease, Remediator, RemediatorSettings
+from gpuwarden.remediator import MemoryAlertSink, Remediator, RemediatorSettings
 from gpuwarden.remediator.alerts import Alerter
 from gpuwarden.remediator.policy_file import PolicyAction, PolicyFile, PolicyRule
+from gpuwarden.shared.lease import LeaseBoard, MemoryLease
 from gpuwarden.shared.models import (
     Action,
     Category,

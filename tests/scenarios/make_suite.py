@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from gpuwarden.collector.sim import gpu_offsets, job_timing
+from gpuwarden.sim.gpu_model import gpu_offsets, job_timing
 
 OUT = Path(sys.argv[1])
 N1, N2 = "gpu-node-001", "gpu-node-002"

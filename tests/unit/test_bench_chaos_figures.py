@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuwarden.demo.bench_chaos import ChaosFigures, chaos_line, chaos_scenario, crash_lines
-from gpuwarden.demo.kafka_cluster import new_cluster_id
 from gpuwarden.shared.scenario import load_scenario
 from gpuwarden.shared.settings import BusSettings
+from gpuwarden.sim.bench.chaos import ChaosFigures, chaos_line, chaos_scenario, crash_lines
+from gpuwarden.sim.kafka_cluster import new_cluster_id
 
 
 def test_chaos_line_is_the_documented_format() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuwarden.demo.bench_pipeline import LagSeries, percentile, rate, ratio, summarise_latencies
+from gpuwarden.sim.bench.figures import LagSeries, percentile, rate, ratio, summarise_latencies
 
 
 def test_percentile_interpolates_and_handles_edges() -> None:

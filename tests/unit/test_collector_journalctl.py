@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.collector.parsers import KernelLogParser
 from gpuwarden.collector.sources import JournalctlFollower, KmsgReader, LineReader, open_kernel_log
 from gpuwarden.shared.models import EventKind
+from gpuwarden.shared.nvidia.kernel_log import KernelLogParser
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "journalctl"
 

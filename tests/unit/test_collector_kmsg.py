@@ -9,13 +9,13 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuwarden.collector.parsers import (
+from gpuwarden.shared.models import EventKind
+from gpuwarden.shared.nvidia.kernel_log import (
     KernelLogParser,
     parse_kernel_log_line,
     parse_kmsg,
     split_kmsg_record,
 )
-from gpuwarden.shared.models import EventKind
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 

@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.collector.sim import SIM_NVLINK_EVERY, FakeNvml, SimulatedSource
 from gpuwarden.collector.sources import NvmlSource
 from gpuwarden.detector import Detector, load_catalog
 from gpuwarden.shared.models import AttributedSample, FailureState, GpuAttribution, GpuSample, NodeSample
 from gpuwarden.shared.scenario import Scenario, ScenarioClock
+from gpuwarden.sim.collector import SIM_NVLINK_EVERY, SimulatedSource
+from gpuwarden.sim.nvml import FakeNvml
 
 START = 1_750_000_000.0
 NODE = "gpu-node-001"

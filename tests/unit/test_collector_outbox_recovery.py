@@ -19,8 +19,8 @@ from pydantic import BaseModel
 from gpuwarden.collector.outbox import Outbox
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.settings import CollectorSettings
-from gpuwarden.shared import bus
 from gpuwarden.shared.bus import Producer
+from gpuwarden.shared.bus import producer as bus_producer
 from gpuwarden.shared.models import GpuEvent, NodeSample
 from gpuwarden.shared.settings import BusSettings
 
@@ -103,7 +103,7 @@ class FakeKafka:
 def broker(monkeypatch: pytest.MonkeyPatch) -> Broker:
     b = Broker()
     FakeKafka.broker = b
-    monkeypatch.setattr(bus, "AIOKafkaProducer", FakeKafka)
+    monkeypatch.setattr(bus_producer, "AIOKafkaProducer", FakeKafka)
     return b
 
 

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.collector import parsers
-from gpuwarden.collector.parsers import normalize_pci_bus_id, parse_kernel_log_line, parse_nvidia_smi_xml
+from gpuwarden.collector.parsers import parse_nvidia_smi_xml
 from gpuwarden.shared.models import EventKind
+from gpuwarden.shared.nvidia.kernel_log import parse_kernel_log_line
+from gpuwarden.shared.nvidia.pci import normalize_pci_bus_id
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 

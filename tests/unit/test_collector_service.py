@@ -14,11 +14,11 @@ from typer.testing import CliRunner
 from gpuwarden.collector.cli import app
 from gpuwarden.collector.service import CollectorService, build_source
 from gpuwarden.collector.settings import CollectorSettings
-from gpuwarden.collector.sim import SimulatedSource
 from gpuwarden.collector.sources import ReplaySource
 from gpuwarden.shared.bus import MemoryPublisher
 from gpuwarden.shared.models import EventKind, GpuEvent, NodeSample
 from gpuwarden.shared.scenario import Scenario, ScenarioClock
+from gpuwarden.sim.collector import SimulatedSource
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 START = 1_750_000_000.0

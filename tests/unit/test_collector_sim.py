@@ -1,4 +1,4 @@
-"""The simulator's raw signals: one test per job profile and per fault kind (DESIGN section 6).
+"""The simulator's raw signals: one test per job profile and per fault kind (docs/architecture.md#scenarios).
 
 Each test reads the fake NVML through the real NvmlSource (or the kernel-log generator) and
 asserts the raw telemetry / log line a real GPU would show - never a verdict.
@@ -12,21 +12,15 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.collector.parsers import parse_kernel_log_line
-from gpuwarden.collector.sim import (
-    FakeNvml,
-    JobTiming,
-    KernelLogGenerator,
-    SimulatedSource,
-    gpu_offsets,
-    job_timing,
-    logger_gaps,
-    pci_of,
-)
 from gpuwarden.collector.sources import NvmlSource
-from gpuwarden.health_check.sim import simulated_health_check
 from gpuwarden.shared.models import EventKind, GpuSample, NodeSample
+from gpuwarden.shared.nvidia.kernel_log import parse_kernel_log_line
 from gpuwarden.shared.scenario import FAULT_KINDS, PROFILES, Scenario, ScenarioClock
+from gpuwarden.sim.collector import SimulatedSource, logger_gaps
+from gpuwarden.sim.gpu_model import JobTiming, gpu_offsets, job_timing, pci_of
+from gpuwarden.sim.health_check import simulated_health_check
+from gpuwarden.sim.kernel_log import KernelLogGenerator
+from gpuwarden.sim.nvml import FakeNvml
 
 START = 1_750_000_000.0
 NODE = "gpu-node-001"

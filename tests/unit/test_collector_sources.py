@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.collector.sim import HGX_H100_PCI, FakeNvml, SimulatedSource
 from gpuwarden.collector.sources import FileFollower, NvmlSource, ReplaySource
 from gpuwarden.shared.models import EventKind
 from gpuwarden.shared.scenario import Scenario, ScenarioClock
+from gpuwarden.sim.collector import SimulatedSource
+from gpuwarden.sim.gpu_model import HGX_H100_PCI
+from gpuwarden.sim.nvml import FakeNvml
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 START = 1_750_000_000.0

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpuwarden" / "compose-spec"
-SERVICES = {"collector", "slurm-watcher", "correlator", "detector", "otlp-bridge", "remediator"}
+SERVICES = {"collector", "slurm-watcher", "correlator", "correlator-events", "detector", "otlp-bridge", "remediator"}
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from faust.types import TP
 from typer.testing import CliRunner
 
 import gpuwarden.correlator as correlator
+from faust_loops import close_faust_thread_loops  # noqa: F401 (fixture)
 from gpuwarden.correlator.app import broker_urls, create_app
 from gpuwarden.correlator.cli import app as cli_app
 from gpuwarden.correlator.settings import CorrelatorSettings
@@ -21,14 +22,16 @@ from gpuwarden.shared.models import EventKind, GpuEvent, GpuSample, JobState, No
 
 NODE = "gpu-node-001"
 
+pytestmark = pytest.mark.usefixtures("close_faust_thread_loops")
+
 
 def settings(**kw: Any) -> CorrelatorSettings:
     return CorrelatorSettings(bootstrap_servers="h1:9092,h2:9093", topic_prefix="x.", **kw)
 
 
 def test_public_names() -> None:
-    for name in correlator.__all__:
-        assert getattr(correlator, name) is not None
+    missing = [name for name in correlator.__all__ if not hasattr(correlator, name)]
+    assert correlator.__all__ and missing == []
 
 
 def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from gpuwarden.correlator.core import Correlator, MemoryAllocationStore
 from gpuwarden.shared import bus
-from gpuwarden.shared.bus import DEAD_LETTER_MAX_BYTES, DEAD_LETTER_PREFIX_BYTES, MAX_MESSAGE_BYTES, decode
+from gpuwarden.shared.bus import DEAD_LETTER_MAX_BYTES, DEAD_LETTER_PREFIX_BYTES, MAX_MESSAGE_BYTES, deadletter, decode
 from gpuwarden.shared.models import DeadLetter
 
 
@@ -44,7 +44,7 @@ def test_small_record_is_carried_whole_with_its_size() -> None:
 
 
 def test_the_correlator_uses_the_shared_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bus, "DEAD_LETTER_MAX_BYTES", 10)  # one rule: the bound is read from bus
+    monkeypatch.setattr(deadletter, "DEAD_LETTER_MAX_BYTES", 10)  # one rule: the bound is read from bus.deadletter
     [o] = correlator().handle("gpu.samples", b"y" * 11)
     dl = decode("deadletter", o.value)
     assert isinstance(dl, DeadLetter) and dl.truncated and dl.value_size == 11

@@ -10,6 +10,7 @@ from unittest.mock import patch
 
 import pytest
 
+from faust_loops import close_faust_thread_loops  # noqa: F401 (fixture)
 from gpuwarden.correlator.app import LANES, create_app
 from gpuwarden.correlator.settings import CorrelatorSettings
 from gpuwarden.shared.allocations import fan_out
@@ -17,6 +18,8 @@ from gpuwarden.shared.bus import decode
 from gpuwarden.shared.models import EventKind, GpuEvent, JobState
 
 NODE = "gpu-node-001"
+
+pytestmark = pytest.mark.usefixtures("close_faust_thread_loops")
 
 
 def settings(**kw: Any) -> CorrelatorSettings:
@@ -114,7 +117,7 @@ async def test_window_snapshots_reach_the_producer_in_order_before_its_flush_ret
 def test_bench_cpu_figures() -> None:
     import os
 
-    from gpuwarden.correlator.bench import RunResult, cpu_seconds
+    from gpuwarden.sim.bench.correlator import RunResult, cpu_seconds
 
     mine = cpu_seconds(os.getpid())
     assert mine is not None and mine > 0

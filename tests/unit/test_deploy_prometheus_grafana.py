@@ -54,7 +54,7 @@ def exported_metric_names() -> set[str]:
     from gpuwarden.otlp_bridge.store import LatestStore
     from gpuwarden.remediator import Remediator, RemediatorSettings
     from gpuwarden.shared.metrics import ServiceMetrics
-    from gpuwarden.shared.slurm import FakeSlurm
+    from gpuwarden.sim.slurm import FakeSlurm
 
     names: set[str] = set()
     for naming in ("otel", "dcgm"):
@@ -62,7 +62,9 @@ def exported_metric_names() -> set[str]:
     names |= _family_names(ServiceMetrics("any").registry.collect())
     names |= _family_names(Remediator(RemediatorSettings(), client=FakeSlurm(nodes=[])).metrics.registry.collect())
     kinds = {"Counter": "counter", "Gauge": "gauge", "Histogram": "histogram", "Summary": "summary"}
-    for py in [*ROOT.glob("services/*/src/**/*.py"), *ROOT.glob("shared/src/**/*.py")]:
+    sources = [*ROOT.glob("services/*/src/**/*.py"), *ROOT.glob("shared/src/**/*.py")]
+    assert sources, f"no service sources under {ROOT}"
+    for py in sources:
         for kind, name in _CTOR.findall(py.read_text()):
             names |= _family_names([type("M", (), {"name": name, "type": kinds[kind]})()])
     return names

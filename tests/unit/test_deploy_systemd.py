@@ -18,8 +18,15 @@ from typer.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = ROOT / "deploy" / "systemd"
-SERVICES = ["collector", "otlp-bridge", "slurm-watcher", "correlator", "detector", "remediator"]
+SERVICES = ["collector", "otlp-bridge", "slurm-watcher", "correlator", "correlator-events", "detector", "remediator"]
 GPUWARDEN = Path(sys.executable).with_name("gpuwarden")
+#: A unit that runs another service's command (a second lane), and the env files it loads, in order.
+COMMAND = {"correlator-events": "correlator"}
+ENV_FILES = {"correlator-events": ["correlator.env", "correlator-events.env"]}
+
+
+def env_files(service: str) -> list[str]:
+    return ENV_FILES.get(service, [f"{service}.env"])
 
 
 def settings_class(service: str) -> Any:
@@ -32,7 +39,8 @@ def settings_class(service: str) -> Any:
 
     return {
         "collector": CollectorSettings, "otlp-bridge": OtlpBridgeSettings, "slurm-watcher": SlurmWatcherSettings,
-        "correlator": CorrelatorSettings, "detector": DetectorSettings, "remediator": RemediatorSettings,
+        "correlator": CorrelatorSettings, "correlator-events": CorrelatorSettings, "detector": DetectorSettings,
+        "remediator": RemediatorSettings,
     }[service]  # fmt: skip
 
 
@@ -73,8 +81,9 @@ def test_unit_passes_systemd_analyze_verify(service: str, tmp_path: Path) -> Non
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stderr.strip() == "" and res.stdout.strip() == "", res.stdout + res.stderr  # not even a warning
     text = unit.read_text()
-    assert f"ExecStart=/opt/gpuwarden/bin/gpuwarden {service}\n" in text
-    assert f"EnvironmentFile=/etc/gpuwarden/{service}.env\n" in text
+    assert f"ExecStart=/opt/gpuwarden/bin/gpuwarden {COMMAND.get(service, service)}\n" in text
+    loads = [line.split("/")[-1] for line in text.splitlines() if line.startswith("EnvironmentFile=")]
+    assert loads == env_files(service), loads
     for key in (
         "Restart=on-failure",
         "User=gpuwarden",
@@ -107,7 +116,9 @@ def test_collector_unit_can_reach_the_nvidia_devices_and_the_kernel_log() -> Non
 
 @pytest.mark.parametrize("service", SERVICES)
 def test_env_file_keys_are_settings_of_the_service(service: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    pairs = env_pairs(UNITS / f"{service}.env")
+    pairs: dict[str, str] = {}
+    for name in env_files(service):  # later files override earlier ones, as systemd reads them
+        pairs.update(env_pairs(UNITS / name))
     cls = settings_class(service)
     fields = {f"GPUWARDEN_{name.upper()}" for name in cls.model_fields}
     unknown = {k for k in pairs if k.startswith("GPUWARDEN_")} - fields
@@ -125,11 +136,11 @@ def test_env_file_keys_are_settings_of_the_service(service: str, monkeypatch: py
 
 
 def test_ports_are_distinct_and_match_the_prometheus_example() -> None:
-    ports = {s: env_pairs(UNITS / f"{s}.env")["GPUWARDEN_HTTP_PORT"] for s in SERVICES}
+    ports = {s: env_pairs(UNITS / env_files(s)[-1])["GPUWARDEN_HTTP_PORT"] for s in SERVICES}
     assert len(set(ports.values())) == len(SERVICES), ports
     example = (ROOT / "deploy" / "prometheus" / "prometheus.example.yml").read_text()
     for s, port in ports.items():
-        job = example.split(f"job_name: gpuwarden-{s}")[1].split("job_name")[0]
+        job = re.split(rf"job_name: gpuwarden-{COMMAND.get(s, s)}\b(?!-)", example)[1].split("job_name")[0]
         assert f":{port}'" in job, (s, port)
 
 
@@ -138,7 +149,7 @@ def test_unit_command_exists_in_the_cli(service: str) -> None:
     from gpuwarden.shared.cli import app, load_plugins
 
     load_plugins()
-    res = CliRunner().invoke(app, [service, "--help"])
+    res = CliRunner().invoke(app, [COMMAND.get(service, service), "--help"])
     assert res.exit_code == 0, res.output
 
 

@@ -53,7 +53,14 @@ def test_shipped_catalog_loads_and_covers_thin_path_xids() -> None:
     assert cat.for_event("xid", 99999).pattern == "xid-other"  # unknown codes are never ignored
 
 
-@pytest.mark.parametrize("path", sorted((FIX / "catalog").glob("bad_*.yaml")), ids=lambda p: p.stem)
+BAD_CATALOGS = sorted((FIX / "catalog").glob("bad_*.yaml"))
+
+
+def test_bad_catalog_examples_exist() -> None:
+    assert len(BAD_CATALOGS) >= 3, f"bad_*.yaml examples missing in {FIX / 'catalog'}"
+
+
+@pytest.mark.parametrize("path", BAD_CATALOGS, ids=lambda p: p.stem)
 def test_bad_catalogs_fail_at_load(path: Path) -> None:
     with pytest.raises(CatalogError):
         load_catalog(path)
@@ -186,7 +193,7 @@ def test_every_documented_xid_maps_to_a_pattern_and_action() -> None:
 
 
 def lines_to_events(name: str) -> list[AttributedEvent]:
-    from gpuwarden.collector.parsers import parse_kernel_log_line
+    from gpuwarden.shared.nvidia.kernel_log import parse_kernel_log_line
 
     text = (FIX / "xid-logs" / f"{name}.txt").read_text()
     events = [parse_kernel_log_line(line, "gpu-node-001", 0.0) for line in text.splitlines()]

@@ -13,7 +13,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpuwarden.collector.sim import FakeNvml, pci_of, xid_line
 from gpuwarden.health_check.checks import (
     CHECKS,
     CheckResult,
@@ -42,6 +41,9 @@ from gpuwarden.health_check.suite import Summary, job_gpus, run_checks, select_c
 from gpuwarden.shared.bus import MemoryPublisher, Producer
 from gpuwarden.shared.scenario import Scenario, ScenarioClock
 from gpuwarden.shared.settings import BusSettings
+from gpuwarden.sim.gpu_model import pci_of
+from gpuwarden.sim.kernel_log import xid_line
+from gpuwarden.sim.nvml import FakeNvml
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 NODE = "gpu-node-004"

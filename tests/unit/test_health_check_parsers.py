@@ -36,7 +36,9 @@ IBV_IB = FIX / "infiniband" / "ibv-devinfo-ib-sm-lid-active-excerpt.txt"
 
 def test_every_fixture_has_its_sidecar() -> None:
     for d in ("infiniband", "dcgm", "nvlink"):
-        for f in (FIX / d).glob("*.txt"):
+        files = sorted((FIX / d).glob("*.txt"))
+        assert files, f"no fixtures in {FIX / d}"
+        for f in files:
             assert f.with_suffix(".md").read_text().count("Correct interpretation") == 1, f
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 
 from gpuwarden.shared.bus import MemoryPublisher, Producer
 from gpuwarden.shared.metrics import ServiceMetrics
-from gpuwarden.shared.service import HttpEndpoint
+from gpuwarden.shared.service import HttpEndpoint, Service
 from gpuwarden.shared.settings import ServiceSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +28,7 @@ def _collector() -> object:
 
 
 def _watcher() -> object:
-    from gpuwarden.shared.slurm.simulated import FakeSlurm
+    from gpuwarden.sim.slurm import FakeSlurm
     from gpuwarden.slurm_watcher import SlurmWatcher
     from gpuwarden.slurm_watcher.service import SlurmWatcherSettings
 
@@ -55,7 +56,7 @@ def _bridge() -> object:
 
 def _remediator() -> object:
     from gpuwarden.remediator import Remediator, RemediatorSettings
-    from gpuwarden.shared.slurm.simulated import FakeSlurm
+    from gpuwarden.sim.slurm import FakeSlurm
 
     return Remediator(RemediatorSettings(), client=FakeSlurm(), producer=MemoryPublisher())
 
@@ -75,8 +76,12 @@ COMPONENTS: dict[str, Callable[[], object]] = {
 @pytest.mark.parametrize("name", sorted(COMPONENTS))
 async def test_stop_is_safe_before_start_and_twice(name: str) -> None:
     c = COMPONENTS[name]()
+    before = asyncio.all_tasks()
     await c.stop()  # type: ignore[attr-defined]
     await c.stop()  # type: ignore[attr-defined]
+    assert asyncio.all_tasks() == before, f"{name}: stop() before start() left tasks behind"
+    if isinstance(c, Service):
+        assert c.health()["status"] == "stopped", c.health()
 
 
 async def test_http_endpoint_start_stop_twice_and_serves_health() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from opentelemetry._logs import SeverityNumber
-from opentelemetry.sdk._logs.export import InMemoryLogExporter
+from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, generate_latest
@@ -69,7 +69,7 @@ JOB = GpuAttribution(gpu_index=0, job_id="42", user="alice", partition="gpu")
 class Harness:
     def __init__(self, staleness_s: float = 60.0) -> None:
         self.reader = InMemoryMetricReader()
-        self.logs = InMemoryLogExporter()
+        self.logs = InMemoryLogRecordExporter()
         self.bridge = OtlpBridge(
             resource=Resource({"service.name": "test-bridge"}), metric_readers=[self.reader],
             log_exporters=[self.logs], log_processor="simple", staleness_s=staleness_s, clock=lambda: NOW,
@@ -250,7 +250,7 @@ def test_prometheus_works_before_start_and_lifecycle_is_idempotent() -> None:
 
 
 async def test_service_routes_messages_and_registers_the_collector() -> None:
-    reader, logs = InMemoryMetricReader(), InMemoryLogExporter()
+    reader, logs = InMemoryMetricReader(), InMemoryLogRecordExporter()
     svc = OtlpBridgeService(OtlpBridgeSettings(), metric_readers=[reader], log_exporters=[logs],
                             log_processor="simple", clock=lambda: NOW)  # fmt: skip
     svc.bridge.start()

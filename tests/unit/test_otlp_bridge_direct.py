@@ -1,5 +1,5 @@
-"""The otlp-bridge's direct metric path, new signals (hw.errors, hw.status, XID and node-state
-logs), dcgm naming, bounds and export accounting. Network only on loopback, in-process."""
+"""The otlp-bridge's direct (fast) metric path on the OTLP exporter packages, new signals (hw.errors,
+hw.status, XID and node-state logs), dcgm naming, bounds and export accounting. Network only on loopback, in-process."""
 
 from __future__ import annotations
 
@@ -8,12 +8,15 @@ import http.server
 import sys
 import threading
 from collections.abc import Iterator
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
-from opentelemetry.sdk._logs.export import InMemoryLogExporter, LogRecordExporter, LogRecordExportResult
+from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, LogRecordExporter, LogRecordExportResult
 from opentelemetry.sdk.metrics.export import (
     InMemoryMetricReader,
     MetricExporter,
@@ -26,26 +29,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden.otlp_bridge import OtlpBridge, OtlpBridgeService, OtlpBridgeSettings
-from gpuwarden.otlp_bridge.bridge import MetricNameCaseExporter, build_otlp_exporters
-from gpuwarden.otlp_bridge.direct import (
-    DirectMetricExporter,
-    ExportError,
-    GrpcTransport,
-    HttpTransport,
-    MetricEncoder,
-    RetryableExportError,
-)
-from gpuwarden.otlp_bridge.mapping import (
-    DCGM_LABELS,
-    DCGM_METRICS,
-    OTEL_SHARED_DESCRIPTIONS,
-    GpuView,
-    dcgm_labels,
-    error_counts,
-    event_log,
-    gpu_state,
-    node_state_log,
-)
+from gpuwarden.otlp_bridge.dcgm import DCGM_LABELS, DCGM_METRICS, dcgm_labels
+from gpuwarden.otlp_bridge.direct import DirectMetricExporter, GrpcMetricTransport, HttpMetricTransport
+from gpuwarden.otlp_bridge.encoder import MetricEncoder
+from gpuwarden.otlp_bridge.exporters import MetricNameCaseExporter, build_otlp_exporters
+from gpuwarden.otlp_bridge.logs import event_log, node_state_log
+from gpuwarden.otlp_bridge.metrics import OTEL_SHARED_DESCRIPTIONS, GpuView, error_counts, gpu_state
 from gpuwarden.otlp_bridge.store import LatestStore
 from gpuwarden.shared.models import (
     Action,
@@ -119,11 +108,12 @@ def failure(severity: Severity = Severity.CRITICAL, **kw: Any) -> Failure:
     return Failure(**base)
 
 
-def decode(requests: list[tuple[bytes, int]]) -> dict[str, dict[str, Any]]:
-    """{name: {"unit", "kind", "monotonic", "points": {frozenset(attrs): value}}} of encoded requests."""
+def decode(requests: list[tuple[metrics_service_pb2.ExportMetricsServiceRequest, int]]) -> dict[str, dict[str, Any]]:
+    """{name: {"unit", "kind", "monotonic", "points": {frozenset(attrs): value}}} of encoded requests
+    (serialised and parsed again, as a receiver gets them)."""
     out: dict[str, dict[str, Any]] = {}
-    for body, _ in requests:
-        req = metrics_service_pb2.ExportMetricsServiceRequest.FromString(body)
+    for message, _ in requests:
+        req = metrics_service_pb2.ExportMetricsServiceRequest.FromString(message.SerializeToString())
         for rm in req.resource_metrics:
             for sm in rm.scope_metrics:
                 for m in sm.metrics:
@@ -187,8 +177,8 @@ def sdk_points(bridge: OtlpBridge, reader: InMemoryMetricReader | CapturingReade
 
 
 @pytest.fixture
-def sdk_bridge() -> Iterator[tuple[OtlpBridge, InMemoryMetricReader, InMemoryLogExporter]]:
-    reader, logs = InMemoryMetricReader(), InMemoryLogExporter()
+def sdk_bridge() -> Iterator[tuple[OtlpBridge, InMemoryMetricReader, InMemoryLogRecordExporter]]:
+    reader, logs = InMemoryMetricReader(), InMemoryLogRecordExporter()
     b = OtlpBridge(resource=Resource({"service.name": "t"}), metric_readers=[reader], log_exporters=[logs],
                    log_processor="simple", clock=lambda: NOW)  # fmt: skip
     b.start()
@@ -388,7 +378,7 @@ def test_requests_are_split_under_the_size_limit() -> None:
     enc = MetricEncoder(Resource({"service.name": "t"}), "s", "1", max_request_bytes=20_000)
     requests, n = enc.encode(store.views())
     assert len(one[0]) == 1 and len(requests) > 5
-    assert all(len(body) <= 20_000 for body, _ in requests)
+    assert all(len(req.SerializeToString()) <= 20_000 for req, _ in requests)
     assert sum(k for _, k in requests) == n == one[1]
     assert decode(requests) == decode(one[0])
     with pytest.raises(ValueError, match="max_request_bytes"):
@@ -452,7 +442,9 @@ def test_mapping_of_errors_status_events_and_node_states() -> None:
     assert node_state_log(NodeState(node="n1", ts=NOW, state="IDLE")).severity_text == "INFO"
 
 
-def test_xid_events_count_once_and_go_with_their_gpu(sdk_bridge: tuple[OtlpBridge, Any, InMemoryLogExporter]) -> None:
+def test_xid_events_count_once_and_go_with_their_gpu(
+    sdk_bridge: tuple[OtlpBridge, Any, InMemoryLogRecordExporter],
+) -> None:
     b, _, logs = sdk_bridge
     b.on_sample(sample())
     b.on_event(xid("e1"))
@@ -469,7 +461,7 @@ def test_xid_events_count_once_and_go_with_their_gpu(sdk_bridge: tuple[OtlpBridg
     assert b.store._event_errors == {}
 
 
-def test_node_state_changes_only_are_logged(sdk_bridge: tuple[OtlpBridge, Any, InMemoryLogExporter]) -> None:
+def test_node_state_changes_only_are_logged(sdk_bridge: tuple[OtlpBridge, Any, InMemoryLogRecordExporter]) -> None:
     b, _, logs = sdk_bridge
     assert b.on_node_state(NodeState(node="n1", ts=NOW - 30, state="IDLE", snapshot=True))
     assert not b.on_node_state(NodeState(node="n1", ts=NOW - 20, state="IDLE", snapshot=True))
@@ -497,56 +489,92 @@ def test_gpu_status_follows_open_failures(sdk_bridge: tuple[OtlpBridge, InMemory
     assert got == {("GPU-0", "degraded"): 1, ("GPU-1", "ok"): 1}
 
 
-# -- export: retry, backoff, drop accounting ------------------------------------------------
+# -- export: drop accounting, the exporter packages' retry ----------------------------------
 
 
 class FakeTransport:
-    def __init__(self, script: list[Exception | int]) -> None:
-        self.script = script
-        self.sent: list[bytes] = []
+    """Scripted outcomes: an int = delivered with that many points rejected, None = not
+    delivered; ``tries`` = attempts the exporter package would have made for it."""
 
-    def send(self, request: bytes, timeout_s: float) -> int:
+    def __init__(self, script: list[tuple[int | None, int]]) -> None:
+        self.script = script
+        self.sent: list[metrics_service_pb2.ExportMetricsServiceRequest] = []
+        self.attempts = 0
+
+    def send(self, request: metrics_service_pb2.ExportMetricsServiceRequest) -> int | None:
         self.sent.append(request)
-        step = self.script.pop(0) if self.script else 0
-        if isinstance(step, Exception):
-            raise step
-        return step
+        rejected, tries = self.script.pop(0) if self.script else (0, 1)
+        self.attempts += tries
+        return rejected
 
     def close(self) -> None:
         pass
 
 
-def exporter(script: list[Exception | int], retry_s: float = 100.0) -> tuple[DirectMetricExporter, list[float]]:
+def exporter(script: list[tuple[int | None, int]]) -> DirectMetricExporter:
     store = LatestStore(clock=lambda: NOW)
     store.update_sample(sample(jobs=[]))
-    sleeps: list[float] = []
-    exp = DirectMetricExporter(
-        store, MetricEncoder(Resource({}), "s", "1"), FakeTransport(script),
-        backoff_s=0.5, max_backoff_s=1.5, retry_deadline_s=retry_s, sleep=sleeps.append,
-    )  # fmt: skip
-    return exp, sleeps
+    return DirectMetricExporter(store, MetricEncoder(Resource({}), "s", "1"), FakeTransport(script))
 
 
-def test_retryable_errors_are_retried_with_backoff() -> None:
-    exp, sleeps = exporter([RetryableExportError("down")] * 4)
+def test_delivered_dropped_and_rejected_points_are_counted() -> None:
+    exp = exporter([(0, 5)])  # delivered after 4 retries
     assert exp.export_once()
-    assert sleeps == [0.5, 1.0, 1.5, 1.5]
     assert exp.stats.retries == 4 and exp.stats.points_dropped == 0
     assert exp.stats.points_exported == exp.stats.last_export_points > 0
-
-
-def test_points_are_dropped_and_counted_when_the_receiver_stays_down() -> None:
-    exp, _ = exporter([RetryableExportError("down")] * 100, retry_s=0.0)
+    exp = exporter([(None, 3)])  # given up after the exporter's retries
     assert not exp.export_once()
     assert exp.stats.points_dropped == exp.stats.last_export_points > 0
-    assert (exp.stats.points_exported, exp.stats.requests_failed) == (0, 1)
-    exp2, sleeps = exporter([ExportError("400 bad request")])
-    assert not exp2.export_once()
-    assert sleeps == [] and exp2.stats.points_dropped == exp2.stats.last_export_points
-    exp3, _ = exporter([5])  # partial success: 5 rejected
-    assert not exp3.export_once()
-    assert exp3.stats.points_dropped == 5
-    assert exp3.stats.points_exported == exp3.stats.last_export_points - 5
+    assert (exp.stats.points_exported, exp.stats.requests_failed, exp.stats.retries) == (0, 1, 2)
+    exp = exporter([(5, 1)])  # partial success: 5 rejected
+    assert not exp.export_once()
+    assert exp.stats.points_dropped == 5
+    assert exp.stats.points_exported == exp.stats.last_export_points - 5
+
+
+class FlakyMetrics(metrics_service_pb2_grpc.MetricsServiceServicer):
+    """UNAVAILABLE for the first ``failures`` calls, then accepts, rejecting ``rejected`` points."""
+
+    def __init__(self, failures: int, rejected: int = 0) -> None:
+        self.failures, self.rejected, self.calls = failures, rejected, 0
+
+    def Export(self, request: Any, context: Any) -> Any:
+        self.calls += 1
+        if self.calls <= self.failures:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "down for a moment")
+        resp = metrics_service_pb2.ExportMetricsServiceResponse()
+        resp.partial_success.rejected_data_points = self.rejected
+        return resp
+
+
+@pytest.fixture
+def flaky() -> Iterator[tuple[FlakyMetrics, str]]:
+    servicer = FlakyMetrics(failures=1, rejected=2)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield servicer, f"127.0.0.1:{port}"
+    server.stop(None)
+
+
+def test_grpc_transport_retries_with_the_exporter_package_and_reads_partial_success(
+    flaky: tuple[FlakyMetrics, str],
+) -> None:
+    servicer, endpoint = flaky
+    b = OtlpBridge(resource=Resource({}), clock=lambda: NOW, export_interval_s=3600,
+                   metric_transports=[GrpcMetricTransport(endpoint=endpoint, insecure=True, timeout=10)])  # fmt: skip
+    b.start()
+    try:
+        b.on_sample(sample(jobs=[]))
+        assert not b.force_flush()  # delivered after one retry (backoff ~1 s), 2 points rejected
+        stats = b.export_stats()
+        assert servicer.calls == 2 and stats["export_retries"] == 1
+        [exp] = b.direct_exporters
+        assert stats["points_dropped"] == 2
+        assert stats["points_exported"] == exp.stats.last_export_points - 2 > 0
+    finally:
+        b.stop(1)
 
 
 def test_a_down_receiver_is_retryable_and_counted_on_the_bridge() -> None:
@@ -555,12 +583,13 @@ def test_a_down_receiver_is_retryable_and_counted_on_the_bridge() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with pytest.raises(RetryableExportError):
-        GrpcTransport(f"127.0.0.1:{port}", insecure=True).send(b"", 0.5)
-    with pytest.raises(RetryableExportError):
-        HttpTransport(f"http://127.0.0.1:{port}/v1/metrics").send(b"", 0.5)
-    b = OtlpBridge(resource=Resource({}), metric_transports=[GrpcTransport(f"127.0.0.1:{port}", insecure=True)],
-                   export_interval_s=3600, export_timeout_s=0.2, retry_s=0.01, clock=lambda: NOW)  # fmt: skip
+    req = metrics_service_pb2.ExportMetricsServiceRequest()
+    grpc_t = GrpcMetricTransport(endpoint=f"127.0.0.1:{port}", insecure=True, timeout=0.5)
+    http_t = HttpMetricTransport(endpoint=f"http://127.0.0.1:{port}/v1/metrics", timeout=0.5)
+    assert grpc_t.send(req) is None and grpc_t.attempts >= 1
+    assert http_t.send(req) is None and http_t.attempts >= 1
+    http_t.close()
+    b = OtlpBridge(resource=Resource({}), metric_transports=[grpc_t], export_interval_s=3600, clock=lambda: NOW)
     b.start()
     try:
         b.on_sample(sample(jobs=[]))
@@ -577,9 +606,10 @@ def test_a_down_receiver_is_retryable_and_counted_on_the_bridge() -> None:
 
 def test_grpc_transport_sends_headers_and_compresses() -> None:
     with OtlpReceiver() as r:
+        transport = GrpcMetricTransport(endpoint=r.endpoint, insecure=True, headers={"X-Tenant": "hpc"},
+                                        compression=grpc.Compression.Gzip)  # fmt: skip
         b = OtlpBridge(resource=Resource({"service.name": "t"}), clock=lambda: NOW, export_interval_s=3600,
-                       metric_transports=[GrpcTransport(r.endpoint, insecure=True, headers={"X-Tenant": "hpc"},
-                                                        compression="gzip")])  # fmt: skip
+                       metric_transports=[transport])  # fmt: skip
         b.start()
         try:
             b.on_sample(sample())
@@ -593,14 +623,15 @@ def test_grpc_transport_sends_headers_and_compresses() -> None:
 
 
 def test_http_transport_posts_gzip_protobuf() -> None:
-    got: list[tuple[dict[str, str], bytes]] = []
+    got: list[tuple[Any, bytes]] = []  # headers: case-insensitive (the exporter sends them lower-case)
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
-            got.append((dict(self.headers), body))
+            got.append((self.headers, body))
             self.send_response(200)
             self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", "0")
             self.end_headers()
 
         def log_message(self, *args: Any) -> None:
@@ -609,17 +640,20 @@ def test_http_transport_posts_gzip_protobuf() -> None:
     server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        t = HttpTransport(f"http://127.0.0.1:{server.server_port}/v1/metrics", headers={"Authorization": "Bearer x"},
-                          compression="gzip")  # fmt: skip
-        req = metrics_service_pb2.ExportMetricsServiceRequest().SerializeToString() + b"\x0a\x00"
-        assert t.send(req, 5) == 0
+        t = HttpMetricTransport(endpoint=f"http://127.0.0.1:{server.server_port}/v1/metrics",
+                                headers={"Authorization": "Bearer x"}, compression=HttpCompression.Gzip)  # fmt: skip
+        store = LatestStore(clock=lambda: NOW)
+        store.update_sample(sample(jobs=[]))
+        [(req, n)], _ = MetricEncoder(Resource({}), "s", "1").encode(store.views())
+        assert t.send(req) == 0 and t.attempts == 1 and n > 0
+        t.close()
     finally:
         server.shutdown()
         server.server_close()
     headers, body = got[0]
     assert headers["Content-Encoding"] == "gzip" and headers["Authorization"] == "Bearer x"
     assert headers["Content-Type"] == "application/x-protobuf"
-    assert gzip.decompress(body) == req
+    assert gzip.decompress(body) == req.SerializeToString()
 
 
 class FailingLogs(LogRecordExporter):
@@ -672,7 +706,7 @@ def test_dcgm_naming_on_prometheus_and_otlp() -> None:
 
 
 async def test_service_routes_events_and_node_states() -> None:
-    logs = InMemoryLogExporter()
+    logs = InMemoryLogRecordExporter()
     svc = OtlpBridgeService(OtlpBridgeSettings(), metric_readers=[InMemoryMetricReader()], log_exporters=[logs],
                             log_processor="simple", clock=lambda: NOW)  # fmt: skip
     svc.bridge.start()

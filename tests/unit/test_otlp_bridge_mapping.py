@@ -8,24 +8,20 @@ import pytest
 from opentelemetry._logs import SeverityNumber
 
 from gpuwarden.otlp_bridge.bridge import DEFAULT_SERVICE_NAME, build_resource
-from gpuwarden.otlp_bridge.mapping import (
+from gpuwarden.otlp_bridge.logs import FAILURE_EVENT_NAME, failure_log, remediation_log, severity_of, to_ns
+from gpuwarden.otlp_bridge.metrics import (
     DATA_POINT_ATTRIBUTE_KEYS,
-    FAILURE_EVENT_NAME,
     GPU_METRICS,
     MIB,
     PROM_FAILURE_LABELS,
     PROM_GPU_LABELS,
     failure_labels,
-    failure_log,
     failure_metric_attributes,
     gpu_attributes,
     gpu_id,
     jobs_by_index,
     metric_attributes,
     prom_gpu_labels,
-    remediation_log,
-    severity_of,
-    to_ns,
 )
 from gpuwarden.otlp_bridge.settings import OtlpBridgeSettings, parse_key_values
 from gpuwarden.shared.models import (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.collector.parsers import KernelLogParser, parse_kmsg, parse_nvidia_smi_xml, xid_severities
+from gpuwarden.collector.parsers import parse_nvidia_smi_xml
 from gpuwarden.health_check.checks import evaluate_dcgm
 from gpuwarden.health_check.parsers import (
     parse_dcgmi_diag,
@@ -18,8 +18,12 @@ from gpuwarden.health_check.parsers import (
     read_ibstat,
 )
 from gpuwarden.shared.models import EventKind, Severity
-from gpuwarden.shared.slurm.parse import parse_scontrol_nodes, parse_sinfo_json, reason_nodes
+from gpuwarden.shared.nvidia.kernel_log import KernelLogParser, parse_kmsg
+from gpuwarden.shared.nvidia.xids import xid_severities
+from gpuwarden.shared.slurm.fields import reason_nodes
+from gpuwarden.shared.slurm.jsonparse import parse_sinfo_json
 from gpuwarden.shared.slurm.parsers import hostlist
+from gpuwarden.shared.slurm.textparse import parse_scontrol_nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures"

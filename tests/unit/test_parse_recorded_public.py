@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gpuwarden.collector.parsers import parse_kmsg
 from gpuwarden.collector.recordings.dcgm import parse_dcgm_exporter_scrape
+from gpuwarden.shared.nvidia.kernel_log import parse_kmsg
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 

@@ -12,7 +12,7 @@ from gpuwarden.remediator import Remediator, RemediatorSettings
 from gpuwarden.remediator.alerts import Alert, Alerter, MemoryAlertSink
 from gpuwarden.shared.bus import MemoryPublisher
 from gpuwarden.shared.models import Failure, FailureState, Severity
-from gpuwarden.shared.slurm import FakeSlurm
+from gpuwarden.sim.slurm import FakeSlurm
 
 NOW = 1_800_000_000.0
 
@@ -97,10 +97,10 @@ async def test_generator_url_falls_back_to_the_remediators_failure_page() -> Non
     assert rem.decision.value == "dry-run"
     assert _only(sink).generator_url == "http://central:9402/failures/feedfacefeedface"
     req = make_mocked_request("GET", "/failures/feedfacefeedface", match_info={"failure_id": "feedfacefeedface"})
-    resp = await r._failure_view(req)
+    resp = await r.views.failure(req)
     assert resp.status == 200 and b"feedfacefeedface" in resp.body  # type: ignore[operator]
     req = make_mocked_request("GET", "/failures/nope", match_info={"failure_id": "nope"})
-    assert (await r._failure_view(req)).status == 404
+    assert (await r.views.failure(req)).status == 404
 
 
 async def test_no_generator_url_without_console_or_external_url() -> None:

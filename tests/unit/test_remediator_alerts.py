@@ -187,7 +187,7 @@ async def test_node_cap_alerts_instead_of_draining_through_the_service(receiver:
         Remediation,
         Severity,
     )
-    from gpuwarden.shared.slurm import FakeSlurm
+    from gpuwarden.sim.slurm import FakeSlurm
 
     class Prod(MemoryPublisher):
         async def start(self) -> None: ...

@@ -4,15 +4,19 @@ of an intent without outcome after a crash."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Literal
 
 from factories import make_failure, node_states
 from gpuwarden.remediator import Remediator, RemediatorSettings
 from gpuwarden.remediator.intents import intended_reason, open_intents
 from gpuwarden.shared.bus import MemoryPublisher
+from gpuwarden.shared.command import CommandTimeout
 from gpuwarden.shared.models import Failure, NodeState, Remediation
 from gpuwarden.shared.models import RemediationDecision as D
-from gpuwarden.shared.slurm import CommandResult, FakeSlurm, drain_argv
+from gpuwarden.shared.slurm import CliSlurm, CommandResult, drain_argv
+from gpuwarden.sim.slurm import FakeSlurm
 
 NOW = 2_000_000.0
 
@@ -162,3 +166,57 @@ async def test_intent_survives_in_the_ledger(tmp_path: object) -> None:
     assert list(r2.intents) == ["i1"]
     (rec,) = await r2.reconcile()
     assert rec.decision == D.FAILED and not r2.intents
+
+
+class ScontrolScript:
+    """A command runner (the :mod:`gpuwarden.shared.command` contract) for a real ``CliSlurm``:
+    ``sinfo`` and ``scontrol show node`` answer recorded 22.05 output (gpu-node-004 idle) until
+    ``unreachable``; every ``scontrol update`` times out. Records every argv."""
+
+    LOCAL = Path(__file__).resolve().parents[1] / "fixtures" / "slurm" / "local-22.05"
+
+    def __init__(self, unreachable_after_write: bool) -> None:
+        self.calls: list[list[str]] = []
+        self.unreachable = False
+        self.unreachable_after_write = unreachable_after_write
+        self.sinfo = (self.LOCAL / "sinfo.json").read_text()
+        self.show = (self.LOCAL / "scontrol-show-node-all-with-drained.txt").read_text()
+
+    async def run(self, argv: Sequence[str], timeout_s: float) -> CommandResult:
+        self.calls.append(list(argv))
+        if argv[:2] == ["scontrol", "update"]:
+            self.unreachable = self.unreachable_after_write
+            raise CommandTimeout(f"scontrol ran past {timeout_s:g}s")
+        if self.unreachable:
+            return CommandResult(list(argv), 1, "", "slurm_load_node error: Unable to contact slurm controller", 0.0)
+        out = self.sinfo if argv[0] == "sinfo" else self.show
+        return CommandResult(list(argv), 0, out, "", 0.0)
+
+    def count(self, *prefix: str) -> int:
+        return sum(1 for a in self.calls if tuple(a[: len(prefix)]) == prefix)
+
+
+async def test_a_failing_drain_is_retried_at_one_layer_only() -> None:
+    """``remediator_command_retries=2``: at most 3 ``scontrol update`` (the remediator's layer),
+    each node read at most 3 times (the client's layer), never 3 x 3."""
+    s = RemediatorSettings(remediator_enforce=True, remediator_retry_backoff_s=0, remediator_command_retries=2)
+    f = failure("gpu-node-004", "f-one-layer")
+
+    # the writes time out, the reads work: 3 writes, one re-read before each, one at the end
+    runner = ScontrolScript(unreachable_after_write=False)
+    cli = CliSlurm(runner, timeout_s=1, retries=2, backoff_s=0)
+    r = Remediator(s, client=cli, producer=MemProducer(), now=lambda: NOW)  # type: ignore[arg-type]
+    rem = await r.handle_failure(f)
+    assert rem.decision == D.FAILED and "[rule=command]" in rem.reason and "exit 124" in rem.reason
+    assert runner.count("scontrol", "update") == 3
+    assert runner.count("scontrol", "show", "node") == 1 + 3 + 1  # decision, before each write, the end
+
+    # Slurm goes away after the first write: its re-read is retried by the client (3 calls),
+    # then the drain ends (no blind write); the remediator does not retry that read again
+    runner = ScontrolScript(unreachable_after_write=True)
+    cli = CliSlurm(runner, timeout_s=1, retries=2, backoff_s=0)
+    r = Remediator(s, client=cli, producer=MemProducer(), now=lambda: NOW)  # type: ignore[arg-type]
+    rem = await r.handle_failure(f)
+    assert rem.decision == D.FAILED and "no blind write" in rem.reason
+    assert runner.count("scontrol", "update") == 1
+    assert runner.count("scontrol", "show", "node") == 1 + 1 + 3

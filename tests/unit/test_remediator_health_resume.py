@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-import gpuwarden.remediator.service as svc
+import gpuwarden.remediator.health_drains as health_drains
 from gpuwarden.remediator import Remediator, RemediatorSettings
 from gpuwarden.shared.bus import MemoryPublisher
 from gpuwarden.shared.models import HealthCheckResult, NodeState
-from gpuwarden.shared.slurm import FakeSlurm
+from gpuwarden.sim.slurm import FakeSlurm
 
 NOW = 1_800_000_000.0
 REASON = "gpuwarden prolog: CRITICAL: ecc: GPU 2: uncorrectable ECC | 9 checks in 0.1s"
@@ -35,7 +35,7 @@ def health(name: str, ts: float, passed: bool, check: str = "ecc") -> HealthChec
 
 @pytest.fixture(autouse=True)
 def no_settle(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(svc, "HEALTH_SETTLE_S", -1.0)  # results are all in: no need to wait
+    monkeypatch.setattr(health_drains, "HEALTH_SETTLE_S", -1.0)  # results are all in: no need to wait
 
 
 async def make(enforce: bool, nodes: list[NodeState]) -> tuple[Remediator, FakeSlurm, MemProducer]:
@@ -114,7 +114,7 @@ async def test_dry_run_records_the_resume_it_would_make(prefix: str) -> None:
 
 
 async def test_a_run_still_arriving_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(svc, "HEALTH_SETTLE_S", 3600.0)
+    monkeypatch.setattr(health_drains, "HEALTH_SETTLE_S", 3600.0)
     r, fake, _ = await make(True, [node("gpu-node-001", REASON)])
     r.note_health(health("gpu-node-001", NOW - 100, False))
     r.note_health(health("gpu-node-001", NOW - 10, True))

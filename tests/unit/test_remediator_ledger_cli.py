@@ -9,19 +9,13 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from factories import make_failure
-from gpuwarden.remediator import (
-    Alerter,
-    LeaseBoard,
-    MemoryAlertSink,
-    MemoryLease,
-    Remediator,
-    RemediatorSettings,
-)
+from gpuwarden.remediator import Alerter, MemoryAlertSink, Remediator, RemediatorSettings
 from gpuwarden.remediator.cli import app
 from gpuwarden.shared.bus import MemoryPublisher
+from gpuwarden.shared.lease import LeaseBoard, MemoryLease
 from gpuwarden.shared.models import Failure, NodeState, Severity
 from gpuwarden.shared.models import RemediationDecision as D
-from gpuwarden.shared.slurm import FakeSlurm
+from gpuwarden.sim.slurm import FakeSlurm
 
 NOW = 2_000_000.0
 

@@ -34,7 +34,14 @@ def cluster(partition: str = "gpu") -> list[NodeState]:
     return [NodeState(node=f"gpu-node-{i:03d}", ts=NOW, state="IDLE", partitions=[partition]) for i in range(1, 21)]
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in FIX.glob("bad-*.yaml")))
+BAD_POLICIES = sorted(p.name for p in FIX.glob("bad-*.yaml"))
+
+
+def test_bad_policy_examples_exist() -> None:
+    assert len(BAD_POLICIES) >= 3, f"bad-*.yaml examples missing in {FIX}"
+
+
+@pytest.mark.parametrize("name", BAD_POLICIES)
 def test_bad_policy_files_fail_with_a_clear_error(name: str) -> None:
     with pytest.raises(PolicyError, match=name.replace(".", r"\.")) as ei:
         load_policy(FIX / name)

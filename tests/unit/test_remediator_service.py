@@ -15,7 +15,8 @@ from gpuwarden.shared.models import (
 from gpuwarden.shared.models import (
     RemediationDecision as D,
 )
-from gpuwarden.shared.slurm import FakeSlurm, SlurmError
+from gpuwarden.shared.slurm import SlurmError
+from gpuwarden.sim.slurm import FakeSlurm
 
 NOW = 2_000_000.0
 

@@ -20,6 +20,7 @@ FILES = sorted(SUITE.glob("*.yaml"))
 
 
 def test_every_pattern_has_a_positive_and_a_negative_scenario() -> None:
+    assert FILES, f"no scenarios in {SUITE}"
     names = {f.stem for f in FILES}
     for p in PATTERNS:
         assert p in names and f"{p}-negative" in names, p
@@ -27,6 +28,7 @@ def test_every_pattern_has_a_positive_and_a_negative_scenario() -> None:
         assert not any(e.pattern == p for e in load_scenario(SUITE / f"{p}-negative.yaml").expect)
 
 
+@pytest.mark.scored
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
 def test_scenario(path: Path) -> None:
     report = run_inprocess(load_scenario(path)).report()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuwarden.demo.runner import score
+from gpuwarden.demo.scoring import score
 from gpuwarden.shared.models import Action, Category, CostEstimate, Failure, Severity
 from gpuwarden.shared.scenario import Scenario
 

@@ -177,11 +177,12 @@ def test_scenario_clock_maps_scenario_seconds_to_event_time() -> None:
         "gpuwarden.shared.service",
         "gpuwarden.shared.scenario",
         "gpuwarden.shared.settings",
-        "gpuwarden.shared.brokers",
+        "gpuwarden.sim.brokers",
         "gpuwarden.detector",
     ],
 )
 def test_public_names_exist(mod: str) -> None:
     module = importlib.import_module(mod)
+    assert module.__all__, f"{mod} has an empty __all__"
     for name in module.__all__:
         assert hasattr(module, name), f"{mod}.{name}"

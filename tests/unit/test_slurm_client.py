@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
+from gpuwarden.shared.command import AsyncSubprocessRunner, CommandNotFound, CommandTimeout
 from gpuwarden.shared.models import JobState
 from gpuwarden.shared.scenario import Scenario, ScenarioClock
-from gpuwarden.shared.slurm import (
-    CliSlurm,
-    CommandResult,
-    SimulatedSlurm,
-    SlurmError,
-    SubprocessRunner,
-    drain_argv,
-    ended_after,
-    sacct_ended_argv,
-)
+from gpuwarden.shared.slurm import CliSlurm, CommandResult, SlurmError, drain_argv, ended_after, sacct_ended_argv
+from gpuwarden.sim.slurm import SimulatedSlurm
 
 LOCAL = Path(__file__).resolve().parents[1] / "fixtures" / "slurm" / "local-22.05"
 
@@ -133,13 +127,35 @@ def test_drain_argv_never_a_shell_string() -> None:
 
 
 async def test_subprocess_runner_timeout_and_missing_binary() -> None:
-    r = SubprocessRunner()
-    res = await r.run(["sleep", "5"], 0.2)
-    assert res.exit_code == 124 and res.duration_s < 2
-    res = await r.run(["/nonexistent/scontrol"], 1)
-    assert res.exit_code == 127
+    """The runner raises on a timeout / missing program; CliSlurm sees them as exit 124 / 127."""
+    r = AsyncSubprocessRunner()
+    t0 = time.monotonic()
+    with pytest.raises(CommandTimeout):
+        await r.run(["sleep", "5"], 0.2)
+    assert time.monotonic() - t0 < 2
+    with pytest.raises(CommandNotFound):
+        await r.run(["/nonexistent/scontrol"], 1)
     res = await r.run(["sh", "-c", "echo out; echo err >&2; exit 3"], 5)
     assert (res.exit_code, res.stdout, res.stderr) == (3, "out\n", "err\n")
+    with pytest.raises(ValueError, match="shell string"):
+        await r.run("scontrol show node x", 1)  # type: ignore[arg-type]
+
+    missing = CliSlurm(r, timeout_s=1, retries=2, backoff_s=0, bin_prefix="/nonexistent/")
+    with pytest.raises(SlurmError) as ei:
+        await missing.nodes()
+    assert ei.value.result is not None and ei.value.result.exit_code == 127
+    res = await missing.update_node("gpu-node-001", "RESUME", None)
+    assert res.exit_code == 127 and not res.ok
+
+    class Sleeps(AsyncSubprocessRunner):
+        async def run(self, argv: Sequence[str], timeout_s: float) -> CommandResult:
+            return await super().run(["sleep", "5"], timeout_s)
+
+    hang = CliSlurm(Sleeps(), timeout_s=0.2, retries=1, backoff_s=0)
+    t0 = time.monotonic()
+    with pytest.raises(SlurmError) as ei:
+        await hang.nodes()
+    assert ei.value.result is not None and ei.value.result.exit_code == 124 and time.monotonic() - t0 < 2
 
 
 def _scenario() -> Scenario:

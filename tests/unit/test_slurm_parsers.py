@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.shared.slurm import parsers as P
-from gpuwarden.shared.slurm.parse import api_version, parse_sacct_json, parse_scontrol_jobs, parse_squeue_json
+from gpuwarden.shared.slurm.jsonparse import api_version, parse_sacct_json, parse_squeue_json
+from gpuwarden.shared.slurm.textparse import parse_scontrol_jobs
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 LOCAL = FIX / "slurm" / "local-22.05"

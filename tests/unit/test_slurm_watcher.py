@@ -6,7 +6,8 @@ import pytest
 
 from gpuwarden.shared.bus import MemoryPublisher
 from gpuwarden.shared.models import JobState, NodeState
-from gpuwarden.shared.slurm import FakeSlurm, SlurmError
+from gpuwarden.shared.slurm import SlurmError
+from gpuwarden.sim.slurm import FakeSlurm
 from gpuwarden.slurm_watcher import GONE_STATE, SlurmWatcher, SlurmWatcherSettings, diff_jobs, diff_nodes
 from gpuwarden.slurm_watcher.diff import resolve_ends
 
@@ -197,9 +198,9 @@ def test_carry_gpus_through_the_end() -> None:
 
 
 async def test_single_publisher_lease_failover() -> None:
-    from gpuwarden.slurm_watcher.lease import MemoryLease, MemoryLeaseBoard
+    from gpuwarden.shared.lease import LeaseBoard, MemoryLease
 
-    board = MemoryLeaseBoard()
+    board = LeaseBoard()
     fake = FakeSlurm(nodes=[node("gpu-node-001")], jobs=[job("1")])
     s = SlurmWatcherSettings(slurm_watcher_snapshot_s=3600)
     pa, pb = MemProducer(), MemProducer()
@@ -217,10 +218,10 @@ async def test_single_publisher_lease_failover() -> None:
 
 async def test_takeover_publishes_ends_missed_while_no_watcher_held_the_lease() -> None:
     """Jobs that ended and left squeue during a lease gap come from sacct on takeover, once."""
-    from gpuwarden.slurm_watcher.lease import MemoryLease, MemoryLeaseBoard
+    from gpuwarden.shared.lease import LeaseBoard, MemoryLease
 
     clock = {"t": 10_000.0}
-    board = MemoryLeaseBoard()
+    board = LeaseBoard()
     fake = FakeSlurm(nodes=[node("gpu-node-001")], jobs=[job("1")])
     s = SlurmWatcherSettings(slurm_watcher_snapshot_s=3600, slurm_watcher_takeover_lookback_s=600)
     pa, pb = MemProducer(), MemProducer()
@@ -260,10 +261,10 @@ async def test_takeover_publishes_ends_missed_while_no_watcher_held_the_lease() 
 
 
 async def test_takeover_recovery_starts_at_own_last_poll_when_later() -> None:
-    from gpuwarden.slurm_watcher.lease import MemoryLease, MemoryLeaseBoard
+    from gpuwarden.shared.lease import LeaseBoard, MemoryLease
 
     clock = {"t": 10_000.0}
-    board = MemoryLeaseBoard()
+    board = LeaseBoard()
     fake = FakeSlurm(nodes=[node("gpu-node-001")], jobs=[])
     s = SlurmWatcherSettings(slurm_watcher_snapshot_s=3600, slurm_watcher_takeover_lookback_s=600)
     lease = MemoryLease(board)
@@ -281,3 +282,18 @@ async def test_takeover_recovery_starts_at_own_last_poll_when_later() -> None:
     )  # type: ignore[arg-type]
     await off.poll_once()
     assert fake.ended_since_calls == [9_400.0, 10_000.0]  # look-back 0: recovery off
+
+
+def test_kafka_lease_names_one_lease_per_cluster() -> None:
+    from gpuwarden.slurm_watcher.service import kafka_lease
+
+    lease = kafka_lease("k:9092", "gw.", "c1", 6000)
+    assert (lease.topic, lease.group, lease.session_timeout_ms) == (
+        "gw.slurm-watcher.lease.c1",
+        "gw.slurm-watcher.c1",
+        6000,
+    )
+    assert not lease.held()  # not started: cannot show it holds anything
+    for bad in ("", "a b", "c1;rm", "x" * 101):
+        with pytest.raises(ValueError, match="invalid cluster name"):
+            kafka_lease("k:9092", "gw.", bad)

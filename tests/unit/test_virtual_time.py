@@ -9,12 +9,12 @@ import orjson
 from aiokafka import TopicPartition
 
 from gpuwarden.correlator.core import Correlator, MemoryAllocationStore, attributed_json
-from gpuwarden.demo.bench_pipeline import rss_mib
 from gpuwarden.demo.virtual import PIPELINE_GROUPS, lag_of, source_finished
 from gpuwarden.detector.lanes import EVENT_LANE, SAMPLE_LANE
 from gpuwarden.shared.bus import decode
 from gpuwarden.shared.models import AttributedSample, GpuSample, JobState, NodeSample, dumps
 from gpuwarden.shared.scenario import ScenarioClock
+from gpuwarden.sim.bench.figures import rss_mib
 
 A, B = TopicPartition("t", 0), TopicPartition("t", 1)
 

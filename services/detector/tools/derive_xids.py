@@ -1,12 +1,13 @@
-"""Derive the detector's XID table (``xids.csv``) from the reference XID catalog.
+"""Derive the XID table (``xids.csv``, see :mod:`gpuwarden.shared.nvidia.xids`) from the reference XID catalog.
 
 Usage: python services/detector/tools/derive_xids.py ../shared/reference/xid_catalog.csv \
-           > services/detector/src/gpuwarden/detector/xids.csv
+           > shared/src/gpuwarden/shared/nvidia/xids.csv
 
 The reference gives, per XID, a name, meaning, category and recommended action in prose
 (compiled from NVIDIA's catalog, DCGM, NVSentinel, EKS and Azure NHC). This script turns
-that prose into the detector's vocabulary: a canonical pattern (DESIGN section 5), an
-action, a severity and whether the code is "sticky" (longer episode). The rules below are
+that prose into the detector's vocabulary: a canonical pattern (docs/architecture.md#canonical-patterns), an
+action, a severity, whether the code is "sticky" (longer episode) and how a node health
+check counts it (``health``). The rules below are
 the whole derivation; the generated CSV is committed and reviewed as data.
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import csv
 import sys
 
-# Codes with a pattern of their own (DESIGN section 5).
+# Codes with a pattern of their own (gpuwarden.shared.models.PATTERNS).
 PATTERN = {
     79: "gpu-fallen-off-bus",
     48: "uncorrectable-ecc",
@@ -65,6 +66,13 @@ ACTION = {
 }
 # Sticky codes: the condition lasts until a reset, so repeats within an hour are one episode.
 STICKY = {74, 79, 95, 109, 119}
+# How a node health check counts a code (the ``xid`` check of gpuwarden-health-check); any
+# other code is "node" (the node is suspect).
+HEALTH = {
+    **dict.fromkeys((13, 31, 43, 45, 68, 69), "application"),  # usually the job's own code
+    **dict.fromkeys((63, 92), "repair"),  # memory repair / correctable-error notices
+    154: "recovery-action",  # judged by the recovery action the message names
+}
 SEVERITY = {
     "reboot": "critical",
     "drain": "critical",
@@ -112,7 +120,7 @@ def action_of(xid: int, category: str, action: str) -> str:
 
 def main(path: str) -> None:
     w = csv.writer(sys.stdout, lineterminator="\n")
-    w.writerow(["xid", "name", "pattern", "severity", "action", "sticky", "category", "meaning"])
+    w.writerow(["xid", "name", "pattern", "severity", "action", "sticky", "category", "meaning", "health"])
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
     for r in rows:
@@ -120,9 +128,9 @@ def main(path: str) -> None:
         act = action_of(xid, r["category"], r["action"])
         sev = "fatal" if xid == 79 else SEVERITY[act]
         meaning = r["meaning"].split(" Applies to:")[0].split(" || ")[0].strip().rstrip(".")
-        w.writerow(
-            [xid, r["name"], pattern_of(xid, r["category"]), sev, act, int(xid in STICKY), r["category"], meaning]
-        )
+        pattern = pattern_of(xid, r["category"])
+        health = HEALTH.get(xid, "node")
+        w.writerow([xid, r["name"], pattern, sev, act, int(xid in STICKY), r["category"], meaning, health])
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from gpuwarden.shared.models import (
     dumps,
 )
 
-from .runner import failure_row
+from .scoring import failure_row
 
 __all__ = [
     "AnalyzeResult",

@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gpuwarden.detector.jobreport import job_report_rows
+
 from .analyze import (
     AnalyzeResult,
     analyze_recording,
@@ -23,7 +25,6 @@ from .analyze import (
     span,
     with_missing_inputs,
 )
-from .runner import job_report_rows
 
 console = Console(emoji=False, highlight=False)
 

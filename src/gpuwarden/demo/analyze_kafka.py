@@ -20,11 +20,11 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer
 from pydantic import ValidationError
 
-from gpuwarden.shared.brokers import free_port
 from gpuwarden.shared.bus import Producer
 from gpuwarden.shared.models import Failure, GpuEvent, JobState, NodeSample
 from gpuwarden.shared.settings import BusSettings
 from gpuwarden.shared.topics import create_topics
+from gpuwarden.sim.brokers import free_port
 
 from .runner import spawn_service, stop_services, wait_healthy
 

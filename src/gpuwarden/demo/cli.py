@@ -203,7 +203,9 @@ Bootstrap = Annotated[
 
 
 def demo(
-    report: Annotated[Path | None, typer.Option(help="Write the JSON report (DESIGN section 6) here")] = None,
+    report: Annotated[
+        Path | None, typer.Option(help="Write the JSON run report (docs/architecture.md#scenarios) here")
+    ] = None,
     speed: Annotated[float, typer.Option(min=0.1, max=50, help="Scenario seconds per wall second")] = 1.0,
     bootstrap_servers: Bootstrap = None,
     live: Annotated[bool, typer.Option(help="Refresh the live view (off: print it on change only)")] = True,
@@ -230,7 +232,9 @@ def demo(
 
 
 def simulate(
-    scenario: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Scenario YAML (DESIGN section 6)")],
+    scenario: Annotated[
+        Path, typer.Argument(exists=True, dir_okay=False, help="Scenario YAML (docs/architecture.md#scenarios)")
+    ],
     report: Annotated[Path | None, typer.Option(help="Write the JSON report here")] = None,
     speed: Annotated[float, typer.Option(min=0.1, max=50, help="Scenario seconds per wall second")] = 1.0,
     bootstrap_servers: Bootstrap = None,

@@ -9,7 +9,7 @@ lag. Deterministic and fast: the scored scenario suite and ``gpuwarden bench det
 it; ``gpuwarden simulate`` runs the real services on a broker.
 
 At a ``health-check-fail`` fault's time the real health checks run on that node's simulated
-inputs (:func:`~gpuwarden.health_check.sim.simulated_health_check`: fake NVML, kernel log and
+inputs (:func:`~gpuwarden.sim.health_check.simulated_health_check`: fake NVML, kernel log and
 ``dcgmi``, the fault failing the node's DCGM diag) and their ``HealthCheckResult`` s go to
 ``health``, as the node's prolog / periodic check would publish them.
 """
@@ -26,18 +26,18 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from gpuwarden.collector.sim import SimulatedSource
 from gpuwarden.correlator.core import Correlator, MemoryAllocationStore
 from gpuwarden.detector import Detector, load_catalog
-from gpuwarden.detector.jobreport import JobReporter
-from gpuwarden.health_check.sim import simulated_health_check
+from gpuwarden.detector.jobreport import JobReporter, job_report_rows
 from gpuwarden.shared.bus import MemoryPublisher, decode
 from gpuwarden.shared.models import Failure, dumps
 from gpuwarden.shared.scenario import Scenario, ScenarioClock
-from gpuwarden.shared.slurm.simulated import SimulatedSlurm
+from gpuwarden.sim.collector import SimulatedSource
+from gpuwarden.sim.health_check import simulated_health_check
+from gpuwarden.sim.slurm import SimulatedSlurm
 from gpuwarden.slurm_watcher.service import SlurmWatcher, SlurmWatcherSettings
 
-from .runner import failure_row, job_report_rows, score
+from .scoring import failure_row, score
 
 __all__ = ["InProcessResult", "SteppedClock", "run_inprocess"]
 

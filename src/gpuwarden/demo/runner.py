@@ -4,8 +4,8 @@
 first (correlator, detector, otlp-bridge, remediator), waits until each answers
 ``/healthz``, then fixes the scenario's start time and starts the simulated sources
 (collector, slurm-watcher). A reader in this process follows ``failures``,
-``remediations`` and ``deadletter`` (and counts the sample topics) to build the DESIGN
-section 6 report. Every child gets PR_SET_PDEATHSIG, so nothing outlives the run.
+``remediations`` and ``deadletter`` (and counts the sample topics) to build the run
+report (docs/architecture.md#scenarios). Every child gets PR_SET_PDEATHSIG, so nothing outlives the run.
 """
 
 from __future__ import annotations
@@ -20,23 +20,23 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer
 from pydantic import ValidationError
 
-from gpuwarden.detector.jobreport import JobReporter
-from gpuwarden.health_check.sim import simulated_health_check
-from gpuwarden.shared.brokers import TansuBroker, die_with_parent, free_port
-from gpuwarden.shared.bus import Producer, decode
+from gpuwarden.detector.jobreport import job_report_rows
+from gpuwarden.shared.bus import Producer
 from gpuwarden.shared.models import Failure, Remediation
 from gpuwarden.shared.scenario import Scenario, ScenarioClock
 from gpuwarden.shared.settings import BusSettings
 from gpuwarden.shared.topics import create_topics
+from gpuwarden.sim.brokers import TansuBroker, die_with_parent, free_port
+from gpuwarden.sim.health_check import simulated_health_check
 
+from .scoring import RunResult, score
 from .virtual import Drain, reader_at_end, source_finished
 
 __all__ = [
@@ -90,174 +90,6 @@ class ServiceProc:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
         except OSError:
             return ""
-
-
-@dataclass
-class RunResult:
-    """Everything a run observed: failures (latest version of each), remediations, counters."""
-
-    scenario: Scenario
-    sim_start: float = 0.0
-    #: Wall time (epoch s) of scenario second 0; ``sim_start`` is its event time (EVENT_ORIGIN).
-    wall_start: float = 0.0
-    started_wall: float = field(default_factory=time.time)
-    failures: dict[str, Failure] = field(default_factory=dict)
-    failure_seen_wall: dict[str, float] = field(default_factory=dict)
-    remediations: list[Remediation] = field(default_factory=list)
-    counts: dict[str, int] = field(default_factory=dict)
-    deadletters: list[dict[str, Any]] = field(default_factory=list)
-    ready_s: dict[str, float] = field(default_factory=dict)
-    job_reports: JobReporter | None = None
-
-    def observe(self, short: str, value: bytes | None) -> None:
-        """Feed ``slurm.jobs``, ``job.windows`` and ``failures`` messages to the job verdicts."""
-        if short in ("slurm.jobs", "job.windows", "failures") and value is not None:
-            if self.job_reports is None:
-                self.job_reports = JobReporter(self.scenario.cluster.price_usd_per_gpu_hour)
-            try:
-                self.job_reports.observe(decode(short, value))
-            except (ValueError, ValidationError):
-                pass  # counted as unreadable by the caller's own decoding
-
-    def report(self) -> dict[str, Any]:
-        """The DESIGN section 6 report (``first_seen_s`` = seconds since scenario start)."""
-        fails = sorted(self.failures.values(), key=lambda f: (f.first_seen, f.node, f.gpu_index or -1))
-        first_wall = min(self.failure_seen_wall.values(), default=None)
-        return {
-            "scenario": self.scenario.name,
-            "failures": [failure_row(f, self.sim_start) for f in fails],
-            "job_reports": job_report_rows(self.job_reports),
-            "remediations": [
-                {
-                    "node": r.node,
-                    "action": r.action.value,
-                    "dry_run": r.dry_run,
-                    "reason": _drain_reason(r),
-                    "decision": r.decision.value,
-                    "decision_reason": r.reason,
-                    "argv": r.argv,
-                    "failure_ids": r.failure_ids,
-                }
-                for r in self.remediations
-            ],
-            "score": score(self.scenario, fails, self.sim_start),
-            "stats": {
-                **self.counts,
-                "deadlettered": len(self.deadletters),
-                "wall_s": round(time.time() - self.started_wall, 2),
-                "time_to_first_failure_s": round(first_wall - self.started_wall, 2) if first_wall else None,
-                "service_ready_s": self.ready_s,
-            },
-        }
-
-
-def job_report_rows(reporter: JobReporter | None) -> list[dict[str, Any]]:
-    """The ``job_reports`` of a run report: every job's verdict (JobReport as JSON)."""
-    return [r.model_dump(mode="json") for r in reporter.reports()] if reporter is not None else []
-
-
-def failure_row(f: Failure, sim_start: float) -> dict[str, Any]:
-    """One failure as the DESIGN section 6 report lists it (``first_seen_s`` since scenario start)."""
-    return {
-        "pattern": f.pattern,
-        "rule_id": f.rule_id,
-        "node": f.node,
-        "gpu_index": f.gpu_index,
-        "job_id": f.job_id,
-        "first_seen_s": round(f.first_seen - sim_start, 3),
-        "category": f.category.value,
-        "severity": f.severity.value,
-        "recommended_action": f.recommended_action.value,
-        "state": f.state.value,
-        "evidence": [e.model_dump(mode="json") for e in f.evidence],
-        "failure_id": f.failure_id,
-        "verdict": f.verdict,
-        "cannot_determine": list(f.cannot_determine),
-        "cost": f.cost.model_dump(mode="json"),
-    }
-
-
-def _drain_reason(r: Remediation) -> str:
-    """The Slurm reason the command sets (``reason=...`` in argv), else the decision's reason."""
-    for a in r.argv:
-        if a.startswith("reason="):
-            return a.removeprefix("reason=")
-    return r.reason
-
-
-def score(scenario: Scenario, failures: list[Failure], sim_start: float) -> dict[str, Any]:
-    """Match failures against ``expect``/``allow`` (the scenario format's scoring rules).
-
-    An expectation is found by the earliest failure of its pattern (and node, gpu, job when
-    given) whose ``first_seen`` lies within ``within_s`` of the fault's ``at_s`` (or the job's
-    ``start_s``). Every other failure is a false positive unless it, too, matches an expectation
-    (same pattern, node, GPU and job, inside the same window) or ``allow`` lets its pattern
-    appear on its node: a failure on another GPU, another node or outside the window is a
-    false positive, never a "repeat".
-    """
-    found, missed, covered = [], [], set()
-    for exp in scenario.expect:
-        origin = _origin(scenario, exp)
-        hit = None
-        for f in failures:
-            if not _matches(exp, f):
-                continue
-            delay = f.first_seen - sim_start - origin
-            if -1.0 <= delay <= exp.within_s:
-                covered.add(f.failure_id)
-                if hit is None:
-                    hit = (f, delay)
-        row = exp.model_dump(exclude_none=True)
-        if "job" in row:
-            row["job"] = str(row["job"])  # job ids are strings on the bus
-        if hit:
-            found.append({**row, "delay_s": round(hit[1], 3), "failure_id": hit[0].failure_id})
-        else:
-            missed.append(row)
-    fps = [
-        {
-            "pattern": f.pattern,
-            "node": f.node,
-            "gpu_index": f.gpu_index,
-            "first_seen_s": round(f.first_seen - sim_start, 3),
-            "failure_id": f.failure_id,
-        }
-        for f in failures
-        if f.failure_id not in covered and not scenario.allowed(f.pattern, f.node)
-    ]
-    return {
-        "expected": len(scenario.expect),
-        "found": found,
-        "missed": missed,
-        "false_positives": fps,
-        "passed": not missed and not fps,
-    }
-
-
-def _matches(exp: Any, f: Failure) -> bool:
-    if f.pattern != exp.pattern or (exp.node and f.node != exp.node):
-        return False
-    if exp.gpu is not None and f.gpu_index != exp.gpu:
-        return False
-    return exp.job is None or f.job_id == str(exp.job)
-
-
-def _origin(scenario: Scenario, exp: Any) -> float:
-    """Where ``within_s`` counts from: the first fault on the expected node (and GPU); else the
-    first fault on any node of the expected job (a job-level failure is reported on the job's
-    first node); else, for patterns that come from a job's profile, the job's start."""
-    faults = sorted(scenario.faults, key=lambda f: f.at_s)
-    for fault in faults:
-        if exp.node in (None, fault.node) and (exp.gpu is None or fault.gpu in (None, exp.gpu)):
-            return fault.at_s
-    jobs = [j for j in scenario.jobs if exp.job is not None and str(j.id) == str(exp.job)]
-    for job in jobs:
-        nodes = set(job.node_list())
-        for fault in faults:
-            if fault.node in nodes:
-                return fault.at_s
-        return job.start_s
-    return 0.0
 
 
 class Pipeline:

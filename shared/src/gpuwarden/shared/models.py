@@ -1,3 +1,4 @@
+# Over 500 lines: one versioned wire contract (SCHEMA_VERSION, Model, shared enums; docs/schemas is built from it).
 """Event schemas of gpuwarden, version 1 (the public contract on Kafka).
 
 Every value on a gpuwarden topic is one of these models serialised as JSON (orjson)
@@ -14,12 +15,13 @@ is caught at the edge and sent to the dead-letter topic instead of silently drop
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "PATTERNS",
@@ -45,6 +47,8 @@ __all__ = [
     "Model",
     "NodeSample",
     "NodeState",
+    "Pattern",
+    "PatternGlob",
     "Remediation",
     "RemediationDecision",
     "ReportFinding",
@@ -58,7 +62,7 @@ __all__ = [
 
 SCHEMA_VERSION: Literal[1] = 1
 
-#: The canonical failure patterns (DESIGN section 5): the values of ``Failure.pattern``.
+#: The canonical failure patterns (docs/architecture.md#canonical-patterns): the values of ``Failure.pattern``.
 PATTERNS = frozenset(
     """gpu-fallen-off-bus gpu-missing uncorrectable-ecc row-remap-pending row-remap-failure
     contained-memory-error uncontained-memory-error gsp-firmware-error nvlink-error nvlink-link-down
@@ -68,6 +72,51 @@ PATTERNS = frozenset(
     checkpoint-stall collective-hang gpu-memory-leak low-tensor-activity zombie-process telemetry-silent
     health-check-failed""".split()
 )
+
+
+def _near(v: str) -> list[str]:
+    """Canonical patterns sharing a word with ``v`` (a hint for a typo)."""
+    words = [w for w in v.replace("*", " ").replace("?", " ").replace("-", " ").split() if len(w) > 2]
+    return sorted(p for p in PATTERNS if any(w in p for w in words))
+
+
+def check_pattern(v: str) -> str:
+    """``v`` if it is a canonical failure pattern (:data:`PATTERNS`).
+
+    Raises:
+        ValueError: it is not (the message names the canonical patterns that look alike).
+    """
+    if v not in PATTERNS:
+        near = _near(v)
+        hint = f"; did you mean one of {near}?" if near else ""
+        raise ValueError(f"unknown pattern {v!r} (the canonical patterns: gpuwarden.shared.models.PATTERNS{hint})")
+    return v
+
+
+def check_pattern_glob(v: str) -> str:
+    """``v`` if it is a printable one-line glob (``fnmatch``) that matches at least one canonical
+    failure pattern: ``ecc-*`` when the patterns are ``uncorrectable-ecc``... is a typo, not a rule.
+
+    Raises:
+        ValueError: not printable, or it matches none (the message names look-alikes).
+    """
+    if not v.isprintable():
+        raise ValueError("pattern must be printable, one line")
+    if not fnmatch.filter(PATTERNS, v):
+        near = _near(v)
+        hint = f"; did you mean one of {near}?" if near else ""
+        raise ValueError(
+            f"pattern {v!r} matches no known failure pattern (gpuwarden.shared.models.PATTERNS, "
+            f"docs/architecture.md#canonical-patterns){hint}"
+        )
+    return v
+
+
+#: A canonical failure pattern (validated against :data:`PATTERNS`): the one type every model that
+#: names a pattern uses (catalog rules, the XID table, scenario expectations and allowances).
+Pattern = Annotated[str, AfterValidator(check_pattern)]
+#: A glob over the canonical patterns that matches at least one of them (remediation policy rules).
+PatternGlob = Annotated[str, AfterValidator(check_pattern_glob)]
 
 
 class Model(BaseModel):
@@ -224,7 +273,7 @@ class GpuEvent(Model):
     )
     caused_by_xid: int | None = Field(None, description="The XID a secondary XID names as its cause, if printed")
     severity: Severity | None = Field(
-        None, description="Severity of the code in the XID catalog (the detector's xids.csv); None if not looked up"
+        None, description="Severity of the code in the XID table (gpuwarden.shared.nvidia.xids); None if not looked up"
     )
     nvswitch_index: int | None = Field(None, ge=0, description="N of the nvidia-nvswitchN device that printed an SXID")
     sub_code: int | None = Field(

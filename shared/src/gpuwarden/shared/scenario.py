@@ -1,4 +1,4 @@
-"""The scenario format (DESIGN section 6): a simulated fleet, its jobs, injected faults and
+"""The scenario format (docs/architecture.md#scenarios): a simulated fleet, its jobs, injected faults and
 what must be found. Shared by the simulated collector, the simulated Slurm and the demo.
 
 A scenario never tells the detector what was injected: only the simulators read ``faults``.
@@ -14,6 +14,8 @@ from typing import Any
 import hostlist
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .models import Pattern
 
 __all__ = [
     "Allowance",
@@ -135,16 +137,7 @@ class Fault(_Strict):
 
 
 class Expectation(_Strict):
-    pattern: str
-
-    @field_validator("pattern")
-    @classmethod
-    def _known(cls, v: str) -> str:
-        from .models import PATTERNS
-
-        if v not in PATTERNS:
-            raise ValueError(f"unknown pattern {v!r} (the canonical patterns are listed in DESIGN section 5)")
-        return v
+    pattern: Pattern
 
     node: str | None = None
     gpu: int | None = None
@@ -156,17 +149,8 @@ class Allowance(_Strict):
     """A pattern that may show up without counting as a false positive: on ``node`` only when
     given, else anywhere (``allow: [gpu-missing]`` is short for ``[{pattern: gpu-missing}]``)."""
 
-    pattern: str
+    pattern: Pattern
     node: str | None = None
-
-    @field_validator("pattern")
-    @classmethod
-    def _known(cls, v: str) -> str:
-        from .models import PATTERNS
-
-        if v not in PATTERNS:
-            raise ValueError(f"unknown pattern {v!r} in allow")
-        return v
 
     def covers(self, pattern: str, node: str) -> bool:
         return pattern == self.pattern and self.node in (None, node)

@@ -127,7 +127,7 @@ class BusSettings(BaseSettings):
             return None
         from aiokafka.helpers import create_ssl_context
 
-        ctx = create_ssl_context(
+        ctx: ssl.SSLContext = create_ssl_context(
             cafile=str(self.ssl_cafile) if self.ssl_cafile else None,
             certfile=str(self.ssl_certfile) if self.ssl_certfile else None,
             keyfile=str(self.ssl_keyfile) if self.ssl_keyfile else None,

@@ -23,7 +23,9 @@ __all__ = ["TOPICS", "TopicSpec", "create_topics", "replication_plan", "topic"]
 
 @dataclass(frozen=True)
 class TopicSpec:
-    """One topic: short name (without prefix), message key, value model, partitions, configs."""
+    """One topic: short name (without prefix), message key, value model, partitions, configs,
+    and the services (``services/<name>``) that write it (``producers``) and read it
+    (``consumers``); docs/architecture.md's topics table is generated from them."""
 
     name: str
     key: str
@@ -31,6 +33,8 @@ class TopicSpec:
     partitions: int
     description: str
     configs: dict[str, str] = field(default_factory=dict)
+    producers: tuple[str, ...] = ()
+    consumers: tuple[str, ...] = ()
 
     def full(self, prefix: str) -> str:
         """The topic's name on the broker: ``prefix + name``."""
@@ -44,20 +48,64 @@ TOPICS: dict[str, TopicSpec] = {
     t.name: t
     for t in [
         TopicSpec(
-            "gpu.samples", "node", m.NodeSample, 6, "one NodeSample per node per tick", {"retention.ms": _DAY_MS}
+            "gpu.samples",
+            "node",
+            m.NodeSample,
+            6,
+            "one NodeSample per node per tick",
+            {"retention.ms": _DAY_MS},
+            producers=("collector",),
+            consumers=("correlator",),
         ),
         TopicSpec(
-            "gpu.events", "node", m.GpuEvent, 6, "XID/SXID/NVLink/ECC events, never sampled", {"retention.ms": _WEEK_MS}
+            "gpu.events",
+            "node",
+            m.GpuEvent,
+            6,
+            "XID/SXID/NVLink/ECC events, never sampled",
+            {"retention.ms": _WEEK_MS},
+            producers=("collector",),
+            consumers=("correlator", "detector"),
         ),
-        TopicSpec("slurm.jobs", "job id", m.JobState, 6, "job state changes and snapshots", {"retention.ms": _WEEK_MS}),
         TopicSpec(
-            "slurm.nodes", "node", m.NodeState, 6, "node state changes and snapshots", {"retention.ms": _WEEK_MS}
+            "slurm.jobs",
+            "job id",
+            m.JobState,
+            6,
+            "job state changes and snapshots",
+            {"retention.ms": _WEEK_MS},
+            producers=("slurm-watcher",),
+            consumers=("correlator", "detector", "console"),
         ),
         TopicSpec(
-            "allocations", "node", None, 6, "internal: slurm.jobs repartitioned by node", {"retention.ms": _WEEK_MS}
+            "slurm.nodes",
+            "node",
+            m.NodeState,
+            6,
+            "node state changes and snapshots",
+            {"retention.ms": _WEEK_MS},
+            producers=("slurm-watcher",),
+            consumers=("detector", "otlp-bridge", "remediator", "console"),
         ),
         TopicSpec(
-            "gpu.attributed", "node", m.AttributedSample, 6, "NodeSample + job per GPU", {"retention.ms": _DAY_MS}
+            "allocations",
+            "node",
+            None,
+            6,
+            "internal: slurm.jobs repartitioned by node",
+            {"retention.ms": _WEEK_MS},
+            producers=("correlator",),
+            consumers=("correlator",),
+        ),
+        TopicSpec(
+            "gpu.attributed",
+            "node",
+            m.AttributedSample,
+            6,
+            "NodeSample + job per GPU",
+            {"retention.ms": _DAY_MS},
+            producers=("correlator",),
+            consumers=("detector", "otlp-bridge"),
         ),
         TopicSpec(
             "gpu.events.attributed",
@@ -66,6 +114,8 @@ TOPICS: dict[str, TopicSpec] = {
             6,
             "GpuEvent + job of its GPU",
             {"retention.ms": _WEEK_MS},
+            producers=("correlator",),
+            consumers=("detector", "otlp-bridge"),
         ),
         TopicSpec(
             "job.windows",
@@ -74,8 +124,19 @@ TOPICS: dict[str, TopicSpec] = {
             6,
             "per-window summary per (node, gpu) of a job",
             {"retention.ms": _DAY_MS},
+            producers=("correlator",),
+            consumers=("detector", "console"),
         ),
-        TopicSpec("failures", "node", m.Failure, 6, "named failures: the public contract", {"retention.ms": _WEEK_MS}),
+        TopicSpec(
+            "failures",
+            "node",
+            m.Failure,
+            6,
+            "named failures: the public contract",
+            {"retention.ms": _WEEK_MS},
+            producers=("detector",),
+            consumers=("otlp-bridge", "remediator", "console"),
+        ),
         TopicSpec(
             "job.reports",
             "job id",
@@ -83,12 +144,28 @@ TOPICS: dict[str, TopicSpec] = {
             3,
             "job verdicts: where a job's GPU-hours went, why, what it cost",
             {"retention.ms": str(30 * 24 * 3600 * 1000)},
+            producers=("detector",),
+            consumers=("console",),
         ),
         TopicSpec(
-            "remediations", "node", m.Remediation, 3, "audit trail of remediation decisions", {"retention.ms": _WEEK_MS}
+            "remediations",
+            "node",
+            m.Remediation,
+            3,
+            "audit trail of remediation decisions",
+            {"retention.ms": _WEEK_MS},
+            producers=("remediator",),
+            consumers=("otlp-bridge", "remediator", "console"),
         ),
         TopicSpec(
-            "health", "node", m.HealthCheckResult, 3, "prolog/epilog health check results", {"retention.ms": _WEEK_MS}
+            "health",
+            "node",
+            m.HealthCheckResult,
+            3,
+            "prolog/epilog health check results",
+            {"retention.ms": _WEEK_MS},
+            producers=("health-check",),
+            consumers=("detector", "remediator"),
         ),
         TopicSpec(
             "deadletter",
@@ -97,6 +174,8 @@ TOPICS: dict[str, TopicSpec] = {
             1,
             "messages no service could process",
             {"retention.ms": _WEEK_MS},
+            producers=("correlator", "detector", "otlp-bridge", "remediator"),
+            consumers=(),
         ),
     ]
 }

@@ -1,6 +1,6 @@
 """gpuwarden collector: NVML samples and XID/SXID events of GPU nodes -> ``gpu.samples``/``gpu.events``."""
 
-from .parsers import SmiReport, normalize_pci_bus_id, parse_kernel_log_line, parse_nvidia_smi_xml
+from .parsers import SmiReport, parse_nvidia_smi_xml
 from .service import CollectorService
 from .settings import CollectorSettings
 from .sources import SOURCES, NvmlSource, ReplaySource, Source
@@ -13,7 +13,5 @@ __all__ = [
     "ReplaySource",
     "SmiReport",
     "Source",
-    "normalize_pci_bus_id",
-    "parse_kernel_log_line",
     "parse_nvidia_smi_xml",
 ]

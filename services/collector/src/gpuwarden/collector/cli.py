@@ -110,7 +110,7 @@ def parse_log(
     year: Annotated[int | None, typer.Option(help="Year of syslog-style timestamps (default: this year)")] = None,
 ) -> None:
     """Print the XID/SXID events of a kernel log as JSON lines (one GpuEvent per line)."""
-    from .parsers import parse_kernel_log_line
+    from gpuwarden.shared.nvidia.kernel_log import parse_kernel_log_line
 
     text = sys.stdin.read() if str(file) == "-" else _read(file)
     now = time.time()

@@ -18,6 +18,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel
 
 from gpuwarden.shared.bus import Producer, Publisher
+from gpuwarden.shared.plugins import load_plugin
 from gpuwarden.shared.service import Service
 
 from .outbox import Outbox
@@ -75,14 +76,11 @@ def _replay_source(settings: CollectorSettings) -> Source:
 
 @register_source("simulated")
 def _simulated_source(settings: CollectorSettings) -> Source:
-    from gpuwarden.shared.scenario import ScenarioClock, load_scenario
-
-    from .sim import SimulatedSource
-
-    assert settings.collector_scenario is not None
-    scenario = load_scenario(settings.collector_scenario)
-    kw = {"nvlink_every": settings.collector_nvlink_every} if settings.collector_nvlink_every else {}
-    return SimulatedSource.for_hostlist(scenario, ScenarioClock.from_env(), settings.collector_nodes, **kw)
+    """The simulation layer's source (entry point ``gpuwarden.collector_sources: simulated``,
+    :func:`gpuwarden.sim.collector.simulated_source`); PluginMissing when it is not installed."""
+    factory = load_plugin("gpuwarden.collector_sources", "simulated", "the simulated collector source")
+    source: Source = factory(settings)
+    return source
 
 
 def build_source(settings: CollectorSettings) -> Source:
@@ -90,7 +88,8 @@ def build_source(settings: CollectorSettings) -> Source:
 
     Raises:
         KeyError: no source of that name. Source-specific errors (missing scenario file:
-            FileNotFoundError; bad scenario: ValueError).
+            FileNotFoundError; bad scenario: ValueError; ``simulated`` without the simulation
+            layer installed: :class:`~gpuwarden.shared.plugins.PluginMissing`, a ValueError).
     """
     return SOURCES[settings.collector_source](settings)
 

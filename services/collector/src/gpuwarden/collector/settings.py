@@ -24,7 +24,10 @@ class CollectorSettings(ServiceSettings):
         "nvml", description="Telemetry source: nvml (this node's GPUs), replay (recorded files), simulated"
     )
     collector_node: str = Field(
-        default_factory=_short_hostname, min_length=1, description="Node name in samples (nvml mode); short hostname"
+        default_factory=_short_hostname,
+        min_length=1,
+        description="Node name in samples and events (nvml mode)",
+        json_schema_extra={"doc_default": "short hostname"},
     )
     collector_interval_s: float = Field(
         1.0, gt=0, description="Wall seconds between ticks (nvml, replay); simulated: tick_s / speed"

@@ -1,3 +1,4 @@
+# Over 500 lines: one unit, nvidia-smi's text outputs share value cleaning, SmiError and the GpuSample field map.
 """Pure parsers of ``nvidia-smi -q`` text and ``nvidia-smi --query-gpu=... --format=csv`` output,
 and of nvidia-smi's error outputs. No I/O.
 
@@ -22,8 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gpuwarden.shared.models import GpuSample
+from gpuwarden.shared.nvidia.pci import normalize_pci_bus_id
+from gpuwarden.shared.nvidia.tokens import NA_TOKENS
 
-from .parsers import MigDevice, SmiReport, normalize_pci_bus_id
+from .parsers import MigDevice, SmiReport
 
 __all__ = [
     "CSV_ALIASES",
@@ -100,18 +103,6 @@ def detect_smi_error(text: str) -> SmiError | None:
 
 # -- values ----------------------------------------------------------------------------
 
-_NA = {
-    "",
-    "n/a",
-    "[n/a]",
-    "not supported",
-    "[not supported]",
-    "unknown error",
-    "[unknown error]",
-    "none",
-    "requested functionality has been deprecated",
-    "[requested functionality has been deprecated]",
-}
 _NUM_RE = re.compile(r"^[-+]?\d+(?:\.\d+)?")
 
 
@@ -119,7 +110,7 @@ def _clean(v: str | None) -> str | None:
     if v is None:
         return None
     v = v.strip()
-    return None if v.lower() in _NA else v
+    return None if v.lower() in NA_TOKENS else v
 
 
 def _numv(v: str | None) -> float | None:
@@ -532,7 +523,7 @@ def csv_converter(name: str, unit: str | None = None) -> Callable[[str], CsvValu
         try:
             x = float(num)
         except ValueError:
-            if v.lower() in _NA:
+            if v.lower() in NA_TOKENS:
                 return None
             m = _VAL_UNIT_RE.match(v)
             if m is None:

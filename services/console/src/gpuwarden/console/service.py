@@ -30,12 +30,12 @@ from typing import Any
 
 import orjson
 from aiohttp import web
-from pydantic import Field, ValidationError
+from pydantic import ValidationError
 
 from gpuwarden.shared.bus import MemoryPublisher, decode
 from gpuwarden.shared.service import Service
-from gpuwarden.shared.settings import ServiceSettings
 
+from .settings import ConsoleSettings
 from .state import ConsoleState
 
 __all__ = ["TOPICS", "ConsoleService", "ConsoleSettings"]
@@ -43,16 +43,6 @@ __all__ = ["TOPICS", "ConsoleService", "ConsoleSettings"]
 log = logging.getLogger(__name__)
 TOPICS = ["slurm.nodes", "slurm.jobs", "failures", "remediations", "job.reports", "job.windows"]
 _STATIC = {"console.js": "application/javascript", "console.css": "text/css", "index.html": "text/html"}
-
-
-class ConsoleSettings(ServiceSettings):
-    """Environment: ``GPUWARDEN_CONSOLE_TOKEN``, ``GPUWARDEN_CONSOLE_PUSH_INTERVAL_S``,
-    ``GPUWARDEN_CONSOLE_SERIES_POINTS`` plus the common ``GPUWARDEN_*`` settings (the page is on
-    ``GPUWARDEN_HTTP_HOST``/``GPUWARDEN_HTTP_PORT``)."""
-
-    console_token: str | None = Field(None, description="Bearer token the page and API require (None: open)")
-    console_push_interval_s: float = Field(0.5, gt=0, description="Least time between two live updates, s")
-    console_series_points: int = Field(360, ge=10, description="Windows kept per GPU for the plots (10 s each)")
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

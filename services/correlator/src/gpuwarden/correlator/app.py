@@ -1,6 +1,6 @@
 """The correlator's faust app and the service that runs it.
 
-Topology (section 3 of DESIGN.md)::
+Topology (docs/architecture.md#correlation-topology)::
 
     slurm.jobs  --fan out per node-->  allocations (keyed by node)  --> table node -> allocations
     gpu.samples (keyed by node) --join with table--> gpu.attributed
@@ -79,7 +79,8 @@ class TableStore:
         self.table = table
 
     def get(self, node: str) -> dict[str, Any] | None:
-        return self.table.get(node)
+        value: dict[str, Any] | None = self.table.get(node)
+        return value
 
     def set(self, node: str, value: dict[str, Any]) -> None:
         self.table[node] = value
@@ -119,7 +120,8 @@ class WindowTableStore:
         self._sending = asyncio.Lock()
 
     def get(self, node: str) -> dict[str, Any] | None:
-        return self.table.data.get(node)
+        value: dict[str, Any] | None = self.table.data.get(node)
+        return value
 
     def set(self, node: str, value: dict[str, Any]) -> None:
         event = current_event()

@@ -3,20 +3,24 @@
 A rule names a canonical pattern, what it matches, its severity, recommended action,
 episode (burst) window, cost scope, verdict template and what the data cannot tell.
 Templates may use ``{node}``, ``{gpu}``, ``{job_text}``, ``{code}``, ``{message}``.
+
+XIDs are classified once, in the XID table of :mod:`gpuwarden.shared.nvidia.xids` (``xids.csv``):
+an XID without a rule of its own gets its rule from its table row; the YAML's XID rules add a
+verdict, evidence and cost model for a few codes and keep the table's pattern and severity.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 from importlib.resources import files
 from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from gpuwarden.shared.models import PATTERNS, Action, Category, Severity
+from gpuwarden.shared.nvidia import xids
+from gpuwarden.shared.nvidia.xids import XidEntry
 
 from .conditions import ConditionRule, CostModel, RuleBase
 
@@ -68,26 +72,6 @@ class Rule(RuleBase):
 
     match: Match
     burst_window_s: float = Field(180, gt=0, description="Repeats within this window (s) update one failure")
-
-
-class XidEntry(_Strict):
-    """One row of the XID table (``xids.csv``, derived from the reference XID catalog)."""
-
-    xid: int = Field(ge=0)
-    name: str
-    pattern: str
-    severity: Severity
-    action: Action
-    sticky: bool
-    category: str
-    meaning: str
-
-    @field_validator("pattern")
-    @classmethod
-    def _pattern(cls, v: str) -> str:
-        if v not in PATTERNS:
-            raise ValueError(f"unknown pattern {v!r}")
-        return v
 
 
 STICKY_WINDOW_S = 3600.0
@@ -144,23 +128,16 @@ def _table_rule(e: XidEntry | None, code: int) -> Rule:
 
 
 def load_xid_table(path: str | Path | None = None) -> dict[int, XidEntry]:
-    """The XID table: ``xids.csv`` shipped with the detector (or ``path``).
+    """The XID table (:func:`gpuwarden.shared.nvidia.xids.load_xid_table`): the shipped
+    ``xids.csv`` of ``gpuwarden.shared.nvidia``, or the CSV at ``path``.
 
     Raises:
         CatalogError: unreadable file or a row that fails validation.
     """
     try:
-        text = Path(path).read_text() if path else files(__package__).joinpath("xids.csv").read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CatalogError(f"{path or 'xids.csv'}: cannot read: {exc}") from exc
-    out: dict[int, XidEntry] = {}
-    for n, row in enumerate(csv.DictReader(io.StringIO(text)), start=2):
-        try:
-            e = XidEntry.model_validate({**row, "sticky": row.get("sticky") == "1"})
-        except ValueError as exc:
-            raise CatalogError(f"{path or 'xids.csv'} line {n}: {exc}") from exc
-        out[e.xid] = e
-    return out
+        return xids.load_xid_table(path)
+    except ValueError as exc:
+        raise CatalogError(str(exc)) from exc
 
 
 class Catalog(_Strict):

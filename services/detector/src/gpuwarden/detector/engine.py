@@ -1,3 +1,5 @@
+# Over 500 lines: one class, Detector; every input handler reads and writes the same trackers,
+# episodes and allocations (the rules themselves are data and live in conditions/ and catalog.yaml).
 """The detection engine: pure functions of the messages it is given (event time only).
 
 :class:`Detector` turns attributed events into :class:`~gpuwarden.shared.models.Failure`
@@ -116,6 +118,8 @@ class Detector:
         self._by_scope: dict[str, list[ConditionRule]] = {"gpu": [], "node": [], "job": []}
         for c in catalog.conditions:
             self._by_scope[c.scope].append(c)
+        #: ids of the job-scope rules (``ConditionRule.scope`` is computed: too slow per reading).
+        self._job_rules = frozenset(c.id for c in self._by_scope["job"])
         self._trackers: dict[tuple[str, str, int | None, str | None], Tracker] = {}
         self._prev: dict[tuple[str, int], tuple[float, GpuSample]] = {}
         #: the last reading of each GPU that carried NVLink counters (a collector may read them
@@ -145,7 +149,9 @@ class Detector:
         jobs = {a.gpu_index: a for a in msg.jobs}
         out: list[Failure] = []
         for g in s.gpus:
-            self._gpus[(s.node, g.index)] = _GpuInfo(g.uuid, g.pci_bus_id)
+            info = self._gpus.get((s.node, g.index))
+            if info is None or info.uuid != g.uuid or info.pci_bus_id != g.pci_bus_id:
+                self._gpus[(s.node, g.index)] = _GpuInfo(g.uuid, g.pci_bus_id)
             prev = self._prev.get((s.node, g.index))
             dt = s.ts - prev[0] if prev else 0.0
             nv = self._prev_nvlink.get((s.node, g.index))
@@ -405,7 +411,7 @@ class Detector:
         job: GpuAttribution | None,
         source: str,
     ) -> list[Failure]:
-        key = (rule.id, node, gpu, job.job_id if rule.scope == "job" and job else None)
+        key = (rule.id, node, gpu, job.job_id if job and rule.id in self._job_rules else None)
         tr = self._trackers.get(key)
         if tr is None:
             if not reading.unhealthy:
@@ -530,7 +536,9 @@ class Detector:
 
     # -- state that survives a restart (issue 13) ------------------------------------------
     _SNAPSHOT_VERSION = 1
-    _NOT_STATE = frozenset({"catalog", "_conditions", "_by_scope", "price", "update_interval_s", "retention_s"})
+    _NOT_STATE = frozenset(
+        {"catalog", "_conditions", "_by_scope", "_job_rules", "price", "update_interval_s", "retention_s"}
+    )
 
     def snapshot(self) -> bytes:
         """The detector's state — condition trackers, open episodes, GPU identities,

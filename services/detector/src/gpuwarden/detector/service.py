@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import logging
 import re
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from pydantic import Field
 
 from gpuwarden.shared.bus import Producer
 from gpuwarden.shared.models import (
@@ -25,13 +23,13 @@ from gpuwarden.shared.models import (
     dumps,
 )
 from gpuwarden.shared.service import Service
-from gpuwarden.shared.settings import ServiceSettings
 
 from .catalog import load_catalog
 from .engine import Detector
 from .jobreport import JobReporter
 from .lanes import EVENT_LANE, SAMPLE_LANE, as_attributed, event_lane_group
-from .state import DetectorDurability, DurabilitySettings
+from .settings import DetectorSettings
+from .state import DetectorDurability
 
 __all__ = ["DetectorService", "DetectorSettings", "admin_comment_argv"]
 
@@ -49,23 +47,6 @@ def admin_comment_argv(job_id: str, summary: str, scontrol: str = "scontrol") ->
         raise ValueError(f"not a Slurm job id: {job_id!r}")
     text = " ".join(summary.split())[:250]
     return [scontrol, "update", f"JobId={job_id}", f"AdminComment={text}"]
-
-
-class DetectorSettings(ServiceSettings, DurabilitySettings):
-    """Environment: ``GPUWARDEN_DETECTOR_CATALOG``, ``GPUWARDEN_DETECTOR_PRICE_USD_PER_GPU_HOUR``,
-    ``GPUWARDEN_DETECTOR_UPDATE_INTERVAL_S`` plus the common ``GPUWARDEN_*`` bus settings."""
-
-    detector_catalog: Path | None = Field(None, description="Failure catalog YAML (default: the shipped one)")
-    detector_price_usd_per_gpu_hour: float = Field(3.26, ge=0, description="Price of one GPU-hour, USD")
-    detector_update_interval_s: float = Field(
-        30.0, ge=0, description="Min event-time gap between re-emitted updates of one failure, s"
-    )
-    detector_report_interval_s: float = Field(
-        300.0, ge=0, description="Event time between running reports of a job on job.reports, s (0: only at the end)"
-    )
-    detector_report_admin_comment: bool = Field(
-        False, description="Write each final report's one-line summary to the job's Slurm AdminComment"
-    )
 
 
 class DetectorService(Service):
@@ -144,14 +125,14 @@ class DetectorService(Service):
         await self.publish("job.reports", report.job_id, report)
         self.reports_out += 1
         if report.final and self._admin_comment:
-            from gpuwarden.shared.slurm.client import SubprocessRunner
+            from gpuwarden.shared.command import AsyncSubprocessRunner, CommandNotFound, CommandTimeout
 
             try:
                 argv = admin_comment_argv(report.job_id, report.summary)
-            except ValueError as exc:
+                res = await AsyncSubprocessRunner().run(argv, 30.0)
+            except (ValueError, CommandNotFound, CommandTimeout) as exc:
                 log.warning("no AdminComment for job %s: %s", report.job_id, exc)
                 return
-            res = await SubprocessRunner().run(argv, 30.0)
             if not res.ok:
                 log.warning("AdminComment of job %s not written: %s", report.job_id, res.output(300))
 

@@ -1,8 +1,10 @@
 """The outside systems the checks read, each behind a narrow protocol with a real implementation.
 
 * :class:`ToolRunner` - run a command (argv list, never a shell string) with a timeout and
-  return its text. :class:`SubprocessRunner` in production (kills a command past its time, and
-  everything still running at the end of a run); tests pass a fake.
+  return its text, on the contract of :mod:`gpuwarden.shared.command` (a non-zero exit is
+  returned; :class:`ToolMissing` / :class:`ToolTimeout` raised). :class:`SubprocessRunner` in
+  production (kills a command past its time, and everything still running at the end of a
+  run); tests pass a fake.
 * :class:`KernelLog` - the kernel log as text lines. :class:`DmesgLog` runs
   ``dmesg --time-format iso`` (ISO stamps, so XIDs carry their event time); :class:`FileLog`
   reads a file such as ``/var/log/kern.log``.
@@ -14,14 +16,11 @@ NVML itself is the collector's :class:`gpuwarden.collector.sources.Nvml` protoco
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import subprocess
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+
+from gpuwarden.shared import command
 
 from .parsers import IbPort, parse_ib_rate, parse_ib_state
 
@@ -38,12 +37,11 @@ __all__ = [
 ]
 
 
-class ToolMissing(Exception):
-    """The command is not installed (``argv[0]`` not found)."""
+ToolMissing = command.CommandNotFound
+"""The command is not installed (``argv[0]`` not found): :class:`gpuwarden.shared.command.CommandNotFound`."""
 
-
-class ToolTimeout(Exception):
-    """The command ran past its timeout and was killed."""
+ToolTimeout = command.CommandTimeout
+"""The command ran past its timeout and was killed: :class:`gpuwarden.shared.command.CommandTimeout`."""
 
 
 @dataclass(frozen=True)
@@ -63,68 +61,31 @@ class ToolRunner(Protocol):
 
 
 class SubprocessRunner:
-    """:class:`ToolRunner` on :class:`subprocess.Popen`: no shell, stdin closed, each command in
-    its own process group (``dcgmi diag`` runs ``nvvs`` children), the whole group killed when
-    ``timeout_s`` (seconds) passes. :meth:`kill_all` kills what is still running when a run ends
-    past its budget or the process is told to stop (SIGTERM from the wrapper's guard), and
-    refuses new commands after that, so an abandoned check cannot start the next tool and no
-    diagnostic keeps stressing the GPUs while the job starts. (No ``preexec_fn``: forking with
-    a callback while the checks' threads run can deadlock the child.)"""
+    """:class:`ToolRunner` on :class:`gpuwarden.shared.command.SubprocessRunner`: no shell, stdin
+    closed, each command in its own process group (``dcgmi diag`` runs ``nvvs`` children), the
+    whole group killed when ``timeout_s`` (seconds) passes. :meth:`kill_all` kills what is still
+    running when a run ends past its budget or the process is told to stop (SIGTERM from the
+    wrapper's guard), and refuses new commands after that, so an abandoned check cannot start
+    the next tool and no diagnostic keeps stressing the GPUs while the job starts."""
 
     def __init__(self) -> None:
-        self._live: set[subprocess.Popen[str]] = set()
-        self._lock = threading.Lock()
-        self._closed = False
+        self._runner = command.SubprocessRunner()
 
     def run(self, argv: list[str], timeout_s: float) -> ToolOutput:
-        if shutil.which(argv[0]) is None:  # absent tools are common (ibstat on a RoCE node): no fork
-            raise ToolMissing(argv[0])
-        with self._lock:
-            if self._closed:
-                raise ToolTimeout(f"{argv[0]} not started: the run is over")
-            try:
-                p = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                    errors="replace",
-                    start_new_session=True,
-                )
-            except FileNotFoundError as exc:
-                raise ToolMissing(argv[0]) from exc
-            self._live.add(p)
-        try:
-            out, err = p.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired as exc:
-            _kill_group(p)
-            p.communicate()
-            raise ToolTimeout(f"{argv[0]} ran past {timeout_s:g}s") from exc
-        finally:
-            with self._lock:
-                self._live.discard(p)
-        return ToolOutput(p.returncode, out, err)
+        """Run ``argv``.
+
+        Raises:
+            ToolMissing: ``argv[0]`` is not installed (nothing forked).
+            ToolTimeout: it ran past ``timeout_s`` (killed with its children), or the run is over.
+            ValueError: ``argv`` is a string or empty, or ``timeout_s`` <= 0.
+        """
+        res = self._runner.run(argv, timeout_s)
+        return ToolOutput(res.exit_code, res.stdout, res.stderr)
 
     def kill_all(self) -> int:
         """Kill every command still running (and its process group) and start no more; returns
         how many were running."""
-        with self._lock:
-            self._closed = True
-            live = list(self._live)
-        for p in live:
-            _kill_group(p)
-        return len(live)
-
-
-def _kill_group(p: subprocess.Popen[str]) -> None:
-    try:
-        os.killpg(p.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        try:
-            p.kill()
-        except ProcessLookupError:
-            pass
+        return self._runner.kill_all()
 
 
 class KernelLog(Protocol):

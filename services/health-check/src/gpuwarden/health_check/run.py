@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from gpuwarden.shared.bus import ProducerLike
+from gpuwarden.shared.plugins import load_plugin
 
 from .checks import Context, Inputs, Phase, Status
 from .io import DmesgLog, FileLog, KernelLog, SubprocessRunner
@@ -75,22 +76,21 @@ def build_context(
 def default_inputs(s: HealthCheckSettings, node: str | None = None) -> Inputs:
     """Production inputs: ``pynvml`` (None if not installed), subprocess tools, the kernel log.
 
-    With ``health_scenario`` set, NVML is the collector's ``FakeNvml`` of ``node`` at scenario
-    second ``health_scenario_s`` (the simulated fleet; Raises ValueError for a bad scenario)."""
+    With ``health_scenario`` set, NVML is the simulation layer's fake NVML of ``node`` at
+    scenario second ``health_scenario_s`` (entry point ``gpuwarden.health_check_nvml: simulated``,
+    :func:`gpuwarden.sim.health_check.simulated_nvml`; Raises ValueError for a bad scenario, and
+    :class:`~gpuwarden.shared.plugins.PluginMissing`, a ValueError, when the simulation layer is
+    not installed)."""
     nvml: object | None
     if s.health_scenario is not None:
-        from gpuwarden.collector.sim import FakeNvml
-        from gpuwarden.shared.scenario import ScenarioClock, load_scenario
-
-        fake = FakeNvml(load_scenario(s.health_scenario), ScenarioClock(0.0), node or s.health_node)
-        fake.t = s.health_scenario_s
-        nvml = fake
+        simulated = load_plugin("gpuwarden.health_check_nvml", "simulated", "the simulated NVML (health_scenario)")
+        nvml = simulated(s.health_scenario, s.health_scenario_s, node or s.health_node)
     else:
         try:
             import pynvml
 
             nvml = pynvml
-        except ImportError:  # pragma: no cover - nvidia-ml-py is a dependency of the collector
+        except ImportError:  # pragma: no cover - nvidia-ml-py is a dependency of gpuwarden-shared
             nvml = None
     runner = SubprocessRunner()
     klog: KernelLog | None = None

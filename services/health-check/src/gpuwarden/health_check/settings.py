@@ -23,6 +23,7 @@ class HealthCheckSettings(BusSettings):
     health_node: str = Field(
         default_factory=lambda: socket.gethostname().split(".")[0],
         description="Node name on results (SLURMD_NODENAME wins when set)",
+        json_schema_extra={"doc_default": "short hostname"},
     )
     health_budget_s: float = Field(10.0, gt=0, le=3600, description="Hard time budget of one run, s")
     health_check_timeout_s: float = Field(8.0, gt=0, description="Most seconds one check may take, s")
@@ -33,7 +34,12 @@ class HealthCheckSettings(BusSettings):
     health_timeout_status: Literal["critical", "unknown"] = Field(
         "critical", description="Status of a check that runs past its time"
     )
-    health_expected_gpus: int | None = Field(None, ge=0, description="GPUs the node must have (unset = any >= 1)")
+    health_expected_gpus: int | None = Field(
+        None,
+        ge=0,
+        description="GPUs the node must have, count (unset = at least one; "
+        "0 = a CPU node, where a missing driver is OK)",
+    )
     health_ib_rate_gbps: float | None = Field(
         None, gt=0, description="Rate every InfiniBand port must reach, Gb/s (unset = the fastest port's)"
     )
@@ -57,7 +63,10 @@ class HealthCheckSettings(BusSettings):
         Path("/var/lib/gpuwarden/health"), description="Where prolog/epilog note job start and last epilog times"
     )
     health_xid_lookback_s: float = Field(3600.0, gt=0, description="XID window when no earlier run is recorded, s")
-    health_kernel_log: str = Field("dmesg", description="'dmesg' (dmesg --time-format iso), a log file path, or ''")
+    health_kernel_log: str = Field(
+        "dmesg",
+        description="'dmesg' (dmesg --time-format iso), a log file path, or '' (none: the xid check is UNKNOWN)",
+    )
     health_sysfs_root: Path = Field(Path("/"), description="Root under which /sys/class/infiniband is read")
     health_scenario: Path | None = Field(
         None, description="Simulate: read NVML from the collector's FakeNvml for this scenario YAML (demo, tests)"

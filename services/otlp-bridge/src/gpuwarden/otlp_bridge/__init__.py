@@ -1,7 +1,9 @@
 """gpuwarden otlp-bridge: gpuwarden topics -> OpenTelemetry (OTLP metrics + logs) and Prometheus."""
 
-from .bridge import OtlpBridge, build_otlp_exporters, build_resource
-from .mapping import GPU_METRICS, MetricSpec, failure_log, gpu_attributes, remediation_log, severity_of
+from .bridge import OtlpBridge, build_resource
+from .exporters import build_otlp_exporters
+from .logs import failure_log, remediation_log, severity_of
+from .metrics import GPU_METRICS, MetricSpec, gpu_attributes
 from .prom import BridgeCollector
 from .service import CONSUMED_TOPICS, OtlpBridgeService, create_service
 from .settings import OtlpBridgeSettings

@@ -1,5 +1,8 @@
 """The bridge core, without Kafka: models in, OTel metrics/logs and Prometheus series out.
 
+The OTLP exporters themselves (built from the settings) and the wrappers around them are in
+:mod:`.exporters`.
+
 Metric readers and log processors are injected (OTLP exporters in production, the SDK's
 ``InMemoryMetricReader`` / ``InMemoryLogExporter`` in tests). Every GPU metric is an
 observable instrument whose callback reads the :class:`LatestStore`, so only current
@@ -8,71 +11,43 @@ observable instrument whose callback reads the :class:`LatestStore`, so only cur
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Literal, NamedTuple
+from typing import Literal
 
 from opentelemetry._logs import Logger
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk._logs import LoggerProvider, LogRecordProcessor
-from opentelemetry.sdk._logs.export import (
-    BatchLogRecordProcessor,
-    LogRecordExporter,
-    LogRecordExportResult,
-    SimpleLogRecordProcessor,
-)
+from opentelemetry.sdk._logs.export import LogRecordExporter, SimpleLogRecordProcessor
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import (
-    MetricExporter,
-    MetricExportResult,
-    MetricReader,
-    MetricsData,
-    PeriodicExportingMetricReader,
-)
+from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import Resource
 
 from gpuwarden.shared.models import AttributedEvent, AttributedSample, Failure, NodeState, Remediation
 
-from .direct import DirectMetricExporter, GrpcTransport, HttpTransport, MetricEncoder, Transport
-from .mapping import (
+from .dcgm import DCGM_METRICS, DcgmSpec, dcgm_attributes
+from .direct import DirectMetricExporter, MetricEncoder, Transport
+from .exporters import AdmittingLogRecordProcessor, CountingLogExporter
+from .logs import LogFields, event_log, failure_log, node_state_log, remediation_log
+from .metrics import (
     DATA_POINT_ATTRIBUTE_KEYS,
-    DCGM_METRICS,
+    FAILURE_METRICS,
     GPU_METRICS,
     GPU_MULTI_METRICS,
     OTEL_SHARED_DESCRIPTIONS,
-    DcgmSpec,
-    LogFields,
     MetricSpec,
     MultiMetricSpec,
-    dcgm_attributes,
-    event_log,
-    failure_log,
     metric_attributes,
-    node_state_log,
-    remediation_log,
 )
 from .prom import BridgeCollector
-from .settings import OtlpBridgeSettings, parse_key_values
 from .store import LatestStore
 
-__all__ = [
-    "DEFAULT_SERVICE_NAME",
-    "AdmittingLogRecordProcessor",
-    "CountingLogExporter",
-    "MetricNameCaseExporter",
-    "OtlpBridge",
-    "OtlpExporters",
-    "build_otlp_exporters",
-    "build_resource",
-    "restore_metric_names",
-]
+__all__ = ["DEFAULT_SERVICE_NAME", "OtlpBridge", "build_resource"]
 
 log = logging.getLogger(__name__)
 
@@ -107,218 +82,6 @@ def build_resource(service_name: str | None = None, extra: dict[str, str] | None
     return res
 
 
-class OtlpExporters(NamedTuple):
-    """What :func:`build_otlp_exporters` builds: SDK metric readers (``sdk`` path), log
-    exporters, and transports for the direct metric path."""
-
-    metric_readers: list[MetricReader]
-    log_exporters: list[LogRecordExporter]
-    metric_transports: list[Transport]
-
-
-def build_otlp_exporters(settings: OtlpBridgeSettings) -> OtlpExporters:
-    """OTLP exporters for ``settings`` (none without an endpoint).
-
-    Metrics: one direct transport (``otlp_bridge_metrics_path=direct``, the default) or one
-    ``PeriodicExportingMetricReader`` over the SDK exporter (``sdk``). Logs: the SDK's OTLP
-    log exporter, wrapped to count what it failed to deliver. Headers, TLS files,
-    compression and timeout apply to both.
-    """
-    endpoint = settings.otlp_bridge_endpoint
-    if not endpoint:
-        return OtlpExporters([], [], [])
-    secret = settings.otlp_bridge_headers
-    headers = parse_key_values(secret.get_secret_value()) if secret else None
-    timeout = settings.otlp_bridge_timeout_s
-    comp = settings.otlp_bridge_compression
-    tls = {
-        "ca_file": settings.otlp_bridge_certificate_file,
-        "client_cert_file": settings.otlp_bridge_client_certificate_file,
-        "client_key_file": settings.otlp_bridge_client_key_file,
-    }
-    direct = settings.otlp_bridge_metrics_path == "direct"
-    metric_exporter: object | None = None
-    transports: list[Transport] = []
-    log_exporter: LogRecordExporter
-    if settings.otlp_bridge_protocol == "grpc":
-        import grpc
-        from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as GrpcLogs
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetrics
-
-        insecure = settings.otlp_bridge_insecure
-        if insecure is None:
-            insecure = endpoint.startswith("http://")
-        creds = None
-        if not insecure and any(tls.values()):
-            creds = grpc.ssl_channel_credentials(*(_read(tls[k]) for k in ("ca_file", "client_key_file",
-                                                                            "client_cert_file")))  # fmt: skip
-        gcomp = {"none": grpc.Compression.NoCompression, "gzip": grpc.Compression.Gzip,
-                 "deflate": grpc.Compression.Deflate}[comp]  # fmt: skip
-        common = {"endpoint": endpoint, "insecure": insecure, "headers": headers, "timeout": timeout,
-                  "credentials": creds, "compression": gcomp}  # fmt: skip
-        if direct:
-            transports.append(GrpcTransport(endpoint, insecure=insecure, headers=headers, compression=comp, **tls))
-        else:
-            metric_exporter = GrpcMetrics(**common)  # type: ignore[arg-type]
-        log_exporter = GrpcLogs(**common)  # type: ignore[arg-type]
-    else:
-        from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
-        from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as HttpLogs
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetrics
-
-        base = endpoint.rstrip("/")
-        if "://" not in base:
-            base = f"http://{base}"
-        hcomp = {"none": HttpCompression.NoCompression, "gzip": HttpCompression.Gzip,
-                 "deflate": HttpCompression.Deflate}[comp]  # fmt: skip
-        http_tls: dict[str, Any] = {"certificate_file": tls["ca_file"],
-                                    "client_certificate_file": tls["client_cert_file"],
-                                    "client_key_file": tls["client_key_file"]}  # fmt: skip
-        if direct:
-            transports.append(HttpTransport(f"{base}/v1/metrics", headers=headers, compression=comp, **tls))
-        else:
-            metric_exporter = HttpMetrics(endpoint=f"{base}/v1/metrics", headers=headers, timeout=timeout,
-                                          compression=hcomp, **http_tls)  # fmt: skip
-        log_exporter = HttpLogs(endpoint=f"{base}/v1/logs", headers=headers, timeout=timeout,
-                                compression=hcomp, **http_tls)  # fmt: skip
-    readers: list[MetricReader] = []
-    if metric_exporter is not None and settings.otlp_bridge_naming == "dcgm":
-        metric_exporter = MetricNameCaseExporter(metric_exporter, (d.name for d in DCGM_METRICS))  # type: ignore[arg-type]
-    if metric_exporter is not None:
-        readers.append(
-            PeriodicExportingMetricReader(
-                metric_exporter,  # type: ignore[arg-type]
-                export_interval_millis=settings.otlp_bridge_export_interval_s * 1000,
-                export_timeout_millis=timeout * 1000,
-            )
-        )
-    return OtlpExporters(readers, [log_exporter], transports)
-
-
-def restore_metric_names(data: MetricsData, names: dict[str, str]) -> MetricsData:
-    """``data`` with each metric name found in ``names`` (lower-case -> wanted spelling)
-    replaced (pure). The SDK lower-cases instrument names (the OTel API treats them as
-    case-insensitive), but Prometheus and dcgm-exporter dashboards match
-    ``DCGM_FI_DEV_GPU_UTIL`` case-sensitively."""
-    return MetricsData(
-        resource_metrics=[
-            dataclasses.replace(rm, scope_metrics=[
-                dataclasses.replace(sm, metrics=[
-                    dataclasses.replace(m, name=names.get(m.name, m.name)) for m in sm.metrics])
-                for sm in rm.scope_metrics])
-            for rm in data.resource_metrics
-        ]
-    )  # fmt: skip
-
-
-class MetricNameCaseExporter(MetricExporter):
-    """Wraps an SDK metric exporter and gives the metric names in ``names`` their spelling
-    back (see :func:`restore_metric_names`); used on the ``sdk`` path in dcgm naming."""
-
-    def __init__(self, inner: MetricExporter, names: Iterable[str]) -> None:
-        super().__init__(
-            preferred_temporality=getattr(inner, "_preferred_temporality", None),
-            preferred_aggregation=getattr(inner, "_preferred_aggregation", None),
-        )
-        self.inner = inner
-        self.names = {n.lower(): n for n in names}
-
-    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
-        return self.inner.export(restore_metric_names(metrics_data, self.names), timeout_millis=timeout_millis,
-                                 **kwargs)  # fmt: skip
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return self.inner.force_flush(timeout_millis)
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        self.inner.shutdown(timeout_millis, **kwargs)
-
-
-def _read(path: str | None) -> bytes | None:
-    if path is None:
-        return None
-    with open(path, "rb") as f:
-        return f.read()
-
-
-class CountingLogExporter(LogRecordExporter):
-    """Wraps a log exporter and counts records exported and dropped (failed exports)."""
-
-    def __init__(self, inner: LogRecordExporter) -> None:
-        self.inner = inner
-        self.exported = 0
-        self.dropped = 0
-
-    def export(self, batch: Sequence[Any]) -> LogRecordExportResult:
-        try:
-            result = self.inner.export(batch)
-        except Exception:
-            log.exception("OTLP log export raised; %d records dropped", len(batch))
-            result = LogRecordExportResult.FAILURE
-        if result == LogRecordExportResult.SUCCESS:
-            self.exported += len(batch)
-        else:
-            self.dropped += len(batch)
-            log.warning("OTLP log export failed, %d records dropped", len(batch))
-        return result
-
-    def shutdown(self) -> None:
-        self.inner.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return self.inner.force_flush(timeout_millis)
-
-
-class AdmittingLogRecordProcessor(LogRecordProcessor):
-    """The SDK's ``BatchLogRecordProcessor`` behind an admission count, so that no record is
-    lost silently in its queue.
-
-    The SDK processor drops a record when its queue (``max_queue_size``) is full, with a
-    log line but no count the bridge can read (its ``otel.sdk.processor.log.processed``
-    metric exists only with ``OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED`` and a meter
-    provider of its own). Here a record is admitted only while the records in flight
-    (admitted and not yet exported or failed, as counted by ``exporter``) are fewer than
-    ``max_queue_size``; so the inner queue never overflows, and every record refused is
-    counted in ``dropped``. In flight includes the batch being exported, so under overload
-    up to one batch fewer records than ``max_queue_size`` wait.
-    """
-
-    def __init__(
-        self,
-        exporter: CountingLogExporter,
-        max_queue_size: int = 2048,
-        schedule_delay_millis: float | None = None,
-        max_export_batch_size: int | None = None,
-    ) -> None:
-        self.exporter = exporter
-        self.max_queue_size = max_queue_size
-        self.admitted = 0
-        self.dropped = 0
-        self._lock = threading.Lock()
-        self.inner = BatchLogRecordProcessor(
-            exporter, schedule_delay_millis=schedule_delay_millis, max_queue_size=max_queue_size,
-            max_export_batch_size=min(max_export_batch_size or 512, max_queue_size),
-        )  # fmt: skip
-
-    def on_emit(self, log_record: Any) -> None:
-        with self._lock:
-            in_flight = self.admitted - self.exporter.exported - self.exporter.dropped
-            if in_flight >= self.max_queue_size:
-                self.dropped += 1
-                if self.dropped == 1 or self.dropped % 1000 == 0:
-                    log.warning("OTLP log queue full (%d records in flight): %d records dropped so far",
-                                in_flight, self.dropped)  # fmt: skip
-                return
-            self.admitted += 1
-        self.inner.on_emit(log_record)
-
-    def shutdown(self) -> None:
-        self.inner.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return self.inner.force_flush(timeout_millis)
-
-
 class OtlpBridge:
     """Feeds a :class:`LatestStore` and emits OTel log records; owns the OTel providers.
 
@@ -341,8 +104,6 @@ class OtlpBridge:
         clock: Callable[[], float] = time.time,
         metric_transports: Sequence[Transport] = (),
         export_interval_s: float = 10.0,
-        export_timeout_s: float = 10.0,
-        retry_s: float | None = None,
         max_request_bytes: int = 4_000_000,
         naming: Literal["otel", "dcgm"] = "otel",
         log_queue_size: int = 2048,
@@ -352,8 +113,6 @@ class OtlpBridge:
         self._log_exporters = [CountingLogExporter(e) for e in log_exporters]
         self._transports = list(metric_transports)
         self._export_interval_s = export_interval_s
-        self._export_timeout_s = export_timeout_s
-        self._retry_s = retry_s
         self._max_request_bytes = max_request_bytes
         self.naming = naming
         self.direct_exporters: list[DirectMetricExporter] = []  # every one started (for the counts)
@@ -426,14 +185,11 @@ class OtlpBridge:
             }[multi.otel_kind]
             create(multi.otel_name, callbacks=[self._multi_callback(multi)], unit=multi.otel_unit,
                    description=multi.description)  # fmt: skip
-        meter.create_observable_counter(
-            "gpuwarden.failures", callbacks=[self._failures_callback], unit="{failure}",
-            description="Failure episodes seen (each failure_id once), by pattern, severity and node",
-        )  # fmt: skip
-        meter.create_observable_gauge(
-            "gpuwarden.failure.open", callbacks=[self._open_callback], unit="{failure}",
-            description="Open failures (not resolved, not expired)",
-        )  # fmt: skip
+        fm, fo = FAILURE_METRICS["failures"], FAILURE_METRICS["failure_open"]
+        meter.create_observable_counter(fm.name, callbacks=[self._failures_callback], unit=fm.unit,
+                                        description=fm.metric_description)  # fmt: skip
+        meter.create_observable_gauge(fo.name, callbacks=[self._open_callback], unit=fo.unit,
+                                      description=fo.metric_description)  # fmt: skip
         lp = LoggerProvider(resource=self.resource)
         for exp in self._log_exporters:
             proc: LogRecordProcessor = (
@@ -448,11 +204,8 @@ class OtlpBridge:
         for transport in self._transports:
             encoder = MetricEncoder(self.resource, SCOPE, _VERSION, max_request_bytes=self._max_request_bytes,
                                     cardinality_limit=self._cardinality_limit, naming=self.naming)  # fmt: skip
-            exporter = DirectMetricExporter(
-                self.store, encoder, transport, interval_s=self._export_interval_s,
-                timeout_s=self._export_timeout_s, retry_deadline_s=self._retry_s,
-                descriptions=OTEL_SHARED_DESCRIPTIONS,
-            )  # fmt: skip
+            exporter = DirectMetricExporter(self.store, encoder, transport, interval_s=self._export_interval_s,
+                                            descriptions=OTEL_SHARED_DESCRIPTIONS)  # fmt: skip
             exporter.start()
             self.direct_exporters.append(exporter)
             self._running_direct.append(exporter)

@@ -12,9 +12,8 @@ from typing import Literal
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .mapping import (
-    DCGM_LABELS,
-    DCGM_METRICS,
+from .dcgm import DCGM_LABELS, DCGM_METRICS, dcgm_labels
+from .metrics import (
     GPU_METRICS,
     GPU_MULTI_METRICS,
     PROM_FAILURE_LABELS,
@@ -22,7 +21,6 @@ from .mapping import (
     GpuView,
     MetricSpec,
     MultiMetricSpec,
-    dcgm_labels,
 )
 from .store import GpuEntry, LatestStore
 

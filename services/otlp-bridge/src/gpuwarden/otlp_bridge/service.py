@@ -18,7 +18,8 @@ from gpuwarden.shared.bus import Producer
 from gpuwarden.shared.models import AttributedEvent, AttributedSample, Failure, NodeState, Remediation
 from gpuwarden.shared.service import Service
 
-from .bridge import OtlpBridge, build_otlp_exporters, build_resource
+from .bridge import OtlpBridge, build_resource
+from .exporters import build_otlp_exporters
 from .settings import OtlpBridgeSettings, parse_key_values
 
 __all__ = ["CONSUMED_TOPICS", "OtlpBridgeService", "create_service"]
@@ -69,8 +70,6 @@ class OtlpBridgeService(Service):
             cardinality_limit=settings.otlp_bridge_cardinality_limit,
             clock=clock,
             export_interval_s=settings.otlp_bridge_export_interval_s,
-            export_timeout_s=settings.otlp_bridge_timeout_s,
-            retry_s=settings.otlp_bridge_retry_s,
             max_request_bytes=settings.otlp_bridge_max_request_bytes,
             naming=settings.otlp_bridge_naming,
             log_queue_size=settings.otlp_bridge_log_queue_size,

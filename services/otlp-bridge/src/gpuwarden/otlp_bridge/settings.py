@@ -48,7 +48,7 @@ class OtlpBridgeSettings(ServiceSettings):
     otlp_bridge_protocol: Literal["grpc", "http/protobuf"] = Field(
         "grpc",
         validation_alias=AliasChoices("GPUWARDEN_OTLP_BRIDGE_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"),
-        description="OTLP protocol: grpc or http/protobuf (falls back to OTEL_EXPORTER_OTLP_PROTOCOL)",
+        description="OTLP protocol: grpc or http/protobuf (http accepted; falls back to OTEL_EXPORTER_OTLP_PROTOCOL)",
     )
     otlp_bridge_headers: SecretStr | None = Field(
         None,
@@ -91,8 +91,8 @@ class OtlpBridgeSettings(ServiceSettings):
 
     otlp_bridge_metrics_path: Literal["direct", "sdk"] = Field(
         "direct",
-        description="OTLP metric export: direct (the store encoded straight to OTLP protobuf, ~10x cheaper) "
-        "or sdk (OpenTelemetry SDK MeterProvider + OTLP exporter)",
+        description="OTLP metric export: direct (the store encoded straight to OTLP protobuf messages, sent by the "
+        "OTLP exporter packages' transports; ~10x cheaper) or sdk (OpenTelemetry SDK MeterProvider + OTLP exporter)",
     )  # fmt: skip
     otlp_bridge_compression: Literal["none", "gzip", "deflate"] = Field(
         "none",
@@ -123,8 +123,9 @@ class OtlpBridgeSettings(ServiceSettings):
     )  # fmt: skip
     otlp_bridge_retry_s: float | None = Field(
         None, gt=0,
-        description="Direct path: keep retrying a failed request (exponential backoff from 0.5 s) this long, "
-        "then drop and count its points; unset: the export interval",
+        description="Direct path: time one metric request may take, the OTLP exporter's retries (backoff 1 s "
+        "doubling, +-20 %) included, then its points are dropped and counted; unset: the larger of the export "
+        "timeout and interval",
     )  # fmt: skip
     otlp_bridge_naming: Literal["otel", "dcgm"] = Field(
         "otel",

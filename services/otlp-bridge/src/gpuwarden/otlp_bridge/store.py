@@ -29,7 +29,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpuwarden.shared.models import (
     AttributedEvent,
@@ -43,7 +43,8 @@ from gpuwarden.shared.models import (
     Severity,
 )
 
-from .mapping import (
+from .logs import node_state_key
+from .metrics import (
     AttrValue,
     GpuView,
     error_type_of,
@@ -51,11 +52,10 @@ from .mapping import (
     failure_metric_attributes,
     gpu_attributes,
     jobs_by_index,
-    node_state_key,
     prom_gpu_labels,
 )
 
-__all__ = ["GpuEntry", "LatestStore", "OpenFailureGroup"]
+__all__ = ["GpuEntry", "LatestStore", "OpenFailureGroup", "gpu_identity"]
 
 _MAX_JOBS_PER_GPU = 4
 
@@ -80,7 +80,11 @@ _SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2, S
 
 @dataclass(frozen=True, slots=True)
 class GpuEntry:
-    """The latest sample of one GPU, with its attributes (OTel) and labels (Prometheus)."""
+    """The latest sample of one GPU, with its attributes (OTel) and labels (Prometheus).
+
+    ``identity``: what the attributes and labels are made of beyond node and index (see
+    :func:`gpu_identity`); a newer sample with the same identity keeps them (same objects).
+    """
 
     node: str
     index: int
@@ -89,6 +93,17 @@ class GpuEntry:
     job: GpuAttribution | None
     attributes: dict[str, AttrValue]
     labels: tuple[str, ...]
+    identity: tuple[str | None, ...] = field(default=(), repr=False)
+
+
+def gpu_identity(gpu: GpuSample, job: GpuAttribution | None, driver_version: str | None) -> tuple[str | None, ...]:
+    """The fields :func:`~.metrics.gpu_attributes` and :func:`~.metrics.prom_gpu_labels` read
+    besides the node and the GPU index: UUID, PCI bus id, model, driver version and the job's
+    id, user, partition and account (``tests/unit/test_otlp_bridge_inplace.py`` checks that no other
+    field of a sample or attribution changes them)."""
+    if job is None:
+        return (gpu.uuid, gpu.pci_bus_id, gpu.name, driver_version)
+    return (gpu.uuid, gpu.pci_bus_id, gpu.name, driver_version, job.job_id, job.user, job.partition, job.account)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +162,10 @@ class LatestStore:
         self._clock = clock
         self._lock = threading.Lock()
         self._gpus: dict[tuple[str, int], GpuEntry] = {}
+        #: node -> the GPU indices of ``_gpus`` it has (so a sample touches its own node's GPUs
+        #: only: a scan of ``_gpus`` per sample cost O(fleet) and capped the bridge at ~2.5k
+        #: GPU samples/s on 3,125 nodes).
+        self._node_gpus: dict[str, set[int]] = {}
         self._open: dict[str, Failure] = {}
         self._seen: OrderedDict[str, float | None] = OrderedDict()  # id -> last_seen when resolved
         self._counts: dict[tuple[str, str, str], int] = {}
@@ -164,41 +183,59 @@ class LatestStore:
         Returns how many GPUs were stored.
         """
         sample = s.sample
+        node, ts = sample.node, sample.ts
         jobs = jobs_by_index(s)
+        gpus = self._gpus
         stored = 0
         with self._lock:
-            self._advance(sample.ts)
+            self._advance(ts)
             # the collector sends the driver version on change (and every few minutes), not in
             # every sample: keep the last one per node so the attribute stays on the series
             if sample.driver_version:
-                self._driver_versions[sample.node] = sample.driver_version
-            driver_version = self._driver_versions.get(sample.node)
-            present = {g.index for g in sample.gpus}
-            gone = [
-                k for k, e in self._gpus.items() if k[0] == sample.node and k[1] not in present and e.ts < sample.ts
-            ]
-            for k in gone:  # lost / missing: left out of the node's newer sample
-                del self._gpus[k]
-                self._event_errors.pop(k, None)
-            self.gpus_lost += len(gone)
+                self._driver_versions[node] = sample.driver_version
+            driver_version = self._driver_versions.get(node)
+            known = self._node_gpus.get(node, ())
+            if known:
+                present = {g.index for g in sample.gpus}
+                gone = [(node, i) for i in known if i not in present and gpus[(node, i)].ts < ts]
+                for k in gone:  # lost / missing: left out of the node's newer sample
+                    self._forget(k)
+                self.gpus_lost += len(gone)
             for g in sample.gpus:
-                key = (sample.node, g.index)
-                old = self._gpus.get(key)
-                if old is not None and old.ts > sample.ts:
+                key = (node, g.index)
+                old = gpus.get(key)
+                if old is not None and old.ts > ts:
                     continue  # out of order: keep the newer reading
-                if old is None and len(self._gpus) >= self.max_gpus:
+                if old is None and len(gpus) >= self.max_gpus:
                     self.gpus_refused += 1
                     continue
                 job = jobs.get(g.index)
-                if old is not None and _job_id(old.job) != _job_id(job):
-                    self._end_job_events(key, _job_id(job))
-                attrs = gpu_attributes(sample.node, g, job, driver_version)
-                labels = prom_gpu_labels(sample.node, g, job)
-                if old is not None and old.labels == labels and old.attributes == attrs:
-                    attrs, labels = old.attributes, old.labels  # same identity: exporters cache per dict
-                self._gpus[key] = GpuEntry(sample.node, g.index, sample.ts, g, job, attrs, labels)
+                ident = gpu_identity(g, job, driver_version)
+                if old is not None and old.identity == ident:  # a steady GPU: only the reading is new
+                    attrs, labels = old.attributes, old.labels
+                else:
+                    if old is not None and _job_id(old.job) != _job_id(job):
+                        self._end_job_events(key, _job_id(job))
+                    attrs = gpu_attributes(node, g, job, driver_version)
+                    labels = prom_gpu_labels(node, g, job)
+                    if old is not None and old.labels == labels and old.attributes == attrs:
+                        attrs, labels = old.attributes, old.labels  # same objects: exporters cache per dict
+                gpus[key] = GpuEntry(node, g.index, ts, g, job, attrs, labels, ident)
+                if old is None:
+                    self._node_gpus.setdefault(node, set()).add(g.index)
                 stored += 1
         return stored
+
+    def _forget(self, key: tuple[str, int]) -> None:
+        """Drop one GPU (its reading, its node's index entry and its event counts)."""
+        del self._gpus[key]
+        node, index = key
+        indices = self._node_gpus.get(node)
+        if indices is not None:
+            indices.discard(index)
+            if not indices:
+                del self._node_gpus[node]
+        self._event_errors.pop(key, None)
 
     def _end_job_events(self, key: tuple[str, int], current: str | None) -> None:
         """The GPU's job changed: forget its event counts under every other job, so the old
@@ -280,10 +317,10 @@ class LatestStore:
     def _drop_lost(self, node: str, index: int | None, ts: float) -> None:
         """Drop the lost GPU ``index`` of ``node`` (``None``: every GPU of the node) if its
         latest sample is not newer than the event."""
-        keys = [k for k, e in self._gpus.items() if k[0] == node and (index is None or k[1] == index) and e.ts <= ts]
+        candidates = self._node_gpus.get(node, ()) if index is None else [index]
+        keys = [(node, i) for i in candidates if (e := self._gpus.get((node, i))) is not None and e.ts <= ts]
         for k in keys:
-            del self._gpus[k]
-            self._event_errors.pop(k, None)
+            self._forget(k)
         self.gpus_lost += len(keys)
 
     def update_node_state(self, ns: NodeState) -> bool:
@@ -313,8 +350,7 @@ class LatestStore:
         fail_cut = self.watermark - self.failure_ttl_s
         stale = [k for k, e in self._gpus.items() if e.ts < gpu_cut]
         for k in stale:
-            del self._gpus[k]
-            self._event_errors.pop(k, None)
+            self._forget(k)
         expired = [fid for fid, f in self._open.items() if f.last_seen < fail_cut]
         for fid in expired:
             del self._open[fid]

@@ -1,10 +1,12 @@
 """gpuwarden remediator: policy-checked Slurm drains/resumes and alerts, every decision audited."""
 
+from .actuation import make_client, resume_node
 from .alerts import Alert, Alerter, AlertmanagerSink, JsonWebhookSink, MemoryAlertSink, SlackSink
-from .lease import KafkaLease, Lease, LeaseBoard, MemoryLease, NoLease
+from .ledger import Ledger
 from .policy import REASON_PREFIX, Decision, History, PolicyConfig, decide, decide_resume, drain_reason, is_ours
 from .policy_file import DEFAULT_POLICY, PolicyError, PolicyFile, PolicyRule, load_policy
-from .service import Ledger, Remediator, RemediatorSettings, make_client, resume_node
+from .service import Remediator
+from .settings import RemediatorSettings
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -15,13 +17,8 @@ __all__ = [
     "Decision",
     "History",
     "JsonWebhookSink",
-    "KafkaLease",
-    "Lease",
-    "LeaseBoard",
     "Ledger",
     "MemoryAlertSink",
-    "MemoryLease",
-    "NoLease",
     "PolicyConfig",
     "PolicyError",
     "PolicyFile",

@@ -9,8 +9,8 @@ Webhook URLs and tokens are :class:`~pydantic.SecretStr` and are never logged.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
+import functools
 import hashlib
 import logging
 import time
@@ -20,6 +20,8 @@ from typing import Any, Literal, Protocol
 
 import aiohttp
 from pydantic import SecretStr
+
+from gpuwarden.shared.retry import retry_async
 
 __all__ = [
     "RUNBOOK_BASE_URL",
@@ -392,18 +394,18 @@ class Alerter:
         for sink in self.sinks:
             if not all_sinks and not sink.refresh:
                 continue
-            for attempt in range(self.retries + 1):
-                try:
-                    await sink.send(alerts)
-                except (TimeoutError, OSError, aiohttp.ClientError) as exc:
-                    if attempt == self.retries:
-                        self.failed += 1
-                        log.error("alert delivery to %s failed after %d tries: %s", sink.name, attempt + 1, exc)
-                        break
-                    await asyncio.sleep(self.backoff_s * 2**attempt)
-                else:
-                    self.delivered += 1
-                    break
+            try:
+                await retry_async(
+                    functools.partial(sink.send, alerts),
+                    retries=self.retries,
+                    first_delay_s=self.backoff_s,
+                    retry_on=(TimeoutError, OSError, aiohttp.ClientError),
+                )
+            except (TimeoutError, OSError, aiohttp.ClientError) as exc:
+                self.failed += 1
+                log.error("alert delivery to %s failed after %d tries: %s", sink.name, self.retries + 1, exc)
+            else:
+                self.delivered += 1
         for a in alerts:
             log.warning(
                 "alert %s %s on %s (%s): %s",

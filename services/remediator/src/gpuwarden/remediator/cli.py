@@ -14,7 +14,8 @@ from gpuwarden.shared.cli import service_app
 
 
 def _service() -> Any:
-    from .service import Remediator, RemediatorSettings
+    from .service import Remediator
+    from .settings import RemediatorSettings
 
     return Remediator(RemediatorSettings())
 
@@ -34,7 +35,8 @@ def resume(
     """Resume NODE, but only if gpuwarden drained it (reason starts with 'gpuwarden:')."""
     from gpuwarden.shared.slurm import SlurmError
 
-    from .service import RemediatorSettings, make_client, resume_node
+    from .actuation import make_client, resume_node
+    from .settings import RemediatorSettings
 
     try:
         client, _ = make_client(RemediatorSettings())
@@ -47,7 +49,7 @@ def resume(
 
 
 def _target(url: str | None, ledger: Path | None) -> tuple[str | None, Path | None]:
-    from .service import RemediatorSettings
+    from .settings import RemediatorSettings
 
     if url is None and ledger is None:
         ledger = RemediatorSettings().remediator_ledger_file
@@ -87,7 +89,7 @@ def reset_breaker(
             was = _http("POST", url.rstrip("/") + "/breaker/reset").get("was")
         else:
             assert ledger is not None
-            from .service import Ledger
+            from .ledger import Ledger
 
             was = Ledger(ledger).request_breaker_reset(time.time())
     except (OSError, ValueError) as exc:
@@ -110,7 +112,7 @@ def status(
             st = _http("GET", url.rstrip("/") + "/status")
         else:
             assert ledger is not None
-            from .service import Ledger
+            from .ledger import Ledger
 
             st = Ledger(ledger).read().get("status") or {}
             if not st:

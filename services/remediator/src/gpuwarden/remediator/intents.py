@@ -17,10 +17,12 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from pydantic import ValidationError
 
 from gpuwarden.shared.bus import decode
-from gpuwarden.shared.models import Remediation, RemediationDecision
+from gpuwarden.shared.models import NodeState, Remediation, RemediationDecision
 from gpuwarden.shared.settings import BusSettings
 
-__all__ = ["intended_reason", "open_intents", "read_remediations"]
+from .policy import is_out
+
+__all__ = ["intended_reason", "open_intents", "read_remediations", "reconciled"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,25 @@ def intended_reason(intent: Remediation) -> str | None:
         if a.startswith("reason="):
             return a[len("reason=") :]
     return None
+
+
+def reconciled(intent: Remediation, node: NodeState | None) -> tuple[RemediationDecision, str]:
+    """The outcome of an open intent, from ``node`` as Slurm shows it now, and its reason:
+    out with the intended reason -> ``executed`` (the drain landed); out with another reason ->
+    ``refused`` (never gpuwarden's); not out or unknown -> ``failed`` (decided again on
+    redelivery). Pure."""
+    reason = intended_reason(intent)
+    if node is not None and is_out(node) and reason is not None and node.reason == reason:
+        return RemediationDecision.EXECUTED, "[rule=reconciled] the drain landed before the remediator stopped"
+    if node is not None and is_out(node):
+        return RemediationDecision.REFUSED, (
+            f"[rule=foreign-reason] reconciled: {intent.node} has reason {node.reason!r}, not the "
+            f"intended {reason!r}; never gpuwarden's, never resumed"
+        )
+    return (
+        RemediationDecision.FAILED,
+        "[rule=reconciled] interrupted before the drain took effect; decided again on redelivery",
+    )
 
 
 async def read_remediations(settings: BusSettings, timeout_s: float = 30.0) -> list[Remediation]:

@@ -27,6 +27,7 @@ __all__ = [
     "History",
     "PolicyConfig",
     "ResumeDecision",
+    "adopt_drain",
     "confirmed",
     "decide",
     "decide_resume",
@@ -117,6 +118,39 @@ class History:
         cutoff = ts - WEEK_S
         self.drains = [(n, t) for n, t in self.drains if t >= cutoff]
 
+    def note_drained(self, node: str, reason: str, ts: float, failure_id: str, pattern: str) -> None:
+        """gpuwarden drained ``node`` with ``reason`` at ``ts`` (epoch s) for one failure: the
+        drain is held (the count for the caps is :meth:`record_drain`'s)."""
+        rec = DrainRecord(node, reason, ts)
+        rec.failures[id8(failure_id)] = FailureNote(failure_id, pattern)
+        self.drained[node] = rec
+
+    def adopt_intent(self, node: str, reason: str, drained_at: float, failure_ids: list[str], ts: float) -> None:
+        """An interrupted drain that landed (reconciled intent of time ``ts``): held as
+        gpuwarden's with its failures (handled; pattern from ``reason``), counted once."""
+        rec = DrainRecord(node, reason, drained_at)
+        for fid in failure_ids:
+            rec.failures[id8(fid)] = FailureNote(fid, reason[len(REASON_PREFIX) :].split()[0])
+            self.handled.add(fid)
+        self.drained[node] = rec
+        if not any(n == node and t >= ts for n, t in self.drains):
+            self.record_drain(node, ts)
+
+    def note_resolved(self, node: str, failure_id: str, now: float, hold_down_s: float) -> str:
+        """Failure ``failure_id`` resolved at ``now`` (epoch s): if it is behind gpuwarden's drain
+        of ``node`` it is marked resolved there. Returns what that means for the drain (text of
+        the ``resolved`` rule)."""
+        rec = self.drained.get(node)
+        note = rec.failures.get(id8(failure_id)) if rec else None
+        if rec is None or note is None:
+            return "failure resolved; gpuwarden holds no drain for it"
+        if note.open:
+            note.open, note.resolved_at = False, now
+        left = [k for k, n in rec.failures.items() if n.open]
+        if left:
+            return f"failure resolved; {len(left)} other failure(s) behind the drain still open"
+        return f"failure resolved; {node} resumes after the {hold_down_s:g}s hold-down"
+
     def note_seen(self, f: Failure, now: float, window_s: float) -> None:
         """Remember an open failure on its node (a possible second signal for another)."""
         keep = [(i, t) for i, t in self.seen.get(f.node, []) if t >= now - window_s and i != f.failure_id]
@@ -198,6 +232,21 @@ def drain_reason(f: Failure) -> str:
     room = MAX_REASON_LEN - len(REASON_PREFIX) - 1 - len(tail)
     pat = "".join(c if c.isprintable() and c not in "\r\n" else "_" for c in f.pattern)[: max(room, 1)]
     return f"{REASON_PREFIX} {pat}{tail}"
+
+
+def adopt_drain(n: NodeState) -> DrainRecord:
+    """A record for a gpuwarden drain found on node ``n`` (after a restart without ledger): the
+    failure is known by its short id and pattern from the reason :func:`drain_reason` wrote;
+    drained at ``reason_ts`` (0 unknown)."""
+    reason = n.reason or ""
+    words = reason[len(REASON_PREFIX) :].split()
+    parts = dict(p.split("=", 1) for p in words if "=" in p)
+    fid = parts.get("failure", "")
+    pattern = words[0] if words else ""
+    rec = DrainRecord(n.node, reason, n.reason_ts or 0.0)
+    if fid:
+        rec.failures[id8(fid)] = FailureNote(fid, pattern)
+    return rec
 
 
 def is_ours(reason: str | None) -> bool:

@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from prometheus_client import Gauge
-from pydantic import Field
 
 from gpuwarden.shared.bus import Producer
+from gpuwarden.shared.lease import KafkaLease, Lease, NoLease
 from gpuwarden.shared.models import JobState, NodeState
 from gpuwarden.shared.service import Service
-from gpuwarden.shared.settings import ServiceSettings
 from gpuwarden.shared.slurm import (
-    DEFAULT_SIM_STATE_FILE,
     TERMINAL_JOB_STATES,
     SlurmAccounting,
     SlurmClient,
@@ -25,59 +23,13 @@ from gpuwarden.shared.slurm import (
     SlurmError,
     build_client,
 )
-from gpuwarden.shared.slurm.factory import DEFAULT_REST_URL
 
 from .diff import carry_gpus, diff_jobs, diff_nodes, resolve_ends
-from .lease import KafkaGroupLease, Lease, NoLease
+from .settings import SlurmWatcherSettings
 
-__all__ = ["SlurmWatcher", "SlurmWatcherSettings", "make_client"]
+__all__ = ["SlurmWatcher", "SlurmWatcherSettings", "kafka_lease", "make_client"]
 
 log = logging.getLogger(__name__)
-
-
-class SlurmWatcherSettings(ServiceSettings):
-    """Settings of the slurm-watcher (``GPUWARDEN_SLURM_WATCHER_*`` plus the common ones)."""
-
-    slurm_watcher_backend: Literal["cli", "simulated", "rest"] = Field(
-        "cli",
-        description="cli = squeue/sinfo/sacct/scontrol of Slurm 22.05; rest = slurmrestd; "
-        "simulated = scenario state machine",
-    )
-    slurm_watcher_rest_url: str = Field(
-        DEFAULT_REST_URL, description="slurmrestd: unix:/path/to/socket or http://host:port (backend=rest)"
-    )
-    slurm_watcher_rest_token: str | None = Field(None, description="X-SLURM-USER-TOKEN (auth/jwt), none = no header")
-    slurm_watcher_rest_user: str | None = Field(None, description="X-SLURM-USER-NAME sent with the token")
-    slurm_watcher_rest_version: str = Field("v0.0.38", description="slurmrestd OpenAPI version of the paths")
-    slurm_watcher_poll_s: float = Field(2.0, gt=0, description="Poll period, s")
-    slurm_watcher_snapshot_s: float = Field(60.0, gt=0, description="Full snapshot period (wall clock), s")
-    slurm_watcher_scenario: Path | None = Field(None, description="Scenario YAML (backend=simulated)")
-    slurm_watcher_state_file: Path = Field(
-        DEFAULT_SIM_STATE_FILE, description="Drain state file shared with the remediator (backend=simulated)"
-    )
-    slurm_watcher_command_timeout_s: float = Field(10.0, gt=0, description="Timeout of one Slurm command, s")
-    slurm_watcher_command_retries: int = Field(2, ge=0, description="Retries of a failed Slurm read")
-    slurm_watcher_lease: Literal["auto", "kafka", "none"] = Field(
-        "auto",
-        description="Single publisher per cluster: kafka = consumer-group lease; none = not enforced; "
-        "auto = kafka for the cli/rest backends, none for simulated",
-    )
-    slurm_watcher_cluster: str = Field("default", description="Cluster name (one lease, one publisher per cluster)")
-    slurm_watcher_lease_session_ms: int = Field(
-        10_000, ge=1000, description="How long a dead lease holder keeps the lease (Kafka session timeout), ms"
-    )
-    slurm_watcher_max_backoff_s: float = Field(
-        60.0, gt=0, description="Longest poll period while Slurm is unreachable (doubles per failed poll), s"
-    )
-    slurm_watcher_gone_grace_polls: int = Field(
-        5, ge=1, description="Polls a vanished job waits for sacct to confirm its end before ENDED is published"
-    )
-    slurm_watcher_takeover_lookback_s: float = Field(
-        900.0,
-        ge=0,
-        description="On taking the lease: publish the ends sacct has since this long ago (or since this "
-        "instance's own last poll, if later) of jobs no longer in squeue; 0 = off, s",
-    )
 
 
 def make_client(s: SlurmWatcherSettings) -> tuple[SlurmClient, Callable[[], float]]:
@@ -92,6 +44,39 @@ def make_client(s: SlurmWatcherSettings) -> tuple[SlurmClient, Callable[[], floa
         rest_token=s.slurm_watcher_rest_token,
         rest_user=s.slurm_watcher_rest_user,
         rest_version=s.slurm_watcher_rest_version,
+    )
+
+
+def kafka_lease(
+    bootstrap: str,
+    prefix: str,
+    cluster: str,
+    session_timeout_ms: int = 10_000,
+    client_kwargs: dict[str, Any] | None = None,
+) -> KafkaLease:
+    """The single-publisher lease of one cluster: every watcher of ``cluster`` joins the group
+    ``{prefix}slurm-watcher.{cluster}`` on the one-partition topic
+    ``{prefix}slurm-watcher.lease.{cluster}`` (see :mod:`gpuwarden.shared.lease`).
+
+    Args:
+        bootstrap: Kafka bootstrap servers.
+        prefix: topic prefix (``GPUWARDEN_TOPIC_PREFIX``).
+        cluster: cluster name (``[A-Za-z0-9._-]{1,100}``); one lease per cluster.
+        session_timeout_ms: how long a dead holder keeps the lease, ms.
+        client_kwargs: extra aiokafka client arguments (security settings).
+
+    Raises:
+        ValueError: bad cluster name.
+    """
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,100}", cluster):
+        raise ValueError(f"invalid cluster name {cluster!r}")
+    return KafkaLease(
+        bootstrap,
+        f"{prefix}slurm-watcher.lease.{cluster}",
+        f"{prefix}slurm-watcher.{cluster}",
+        session_timeout_ms,
+        client_kwargs,
+        name="slurm-watcher",
     )
 
 
@@ -177,7 +162,7 @@ class SlurmWatcher(Service):
         if kind == "auto":
             kind = "none" if s.slurm_watcher_backend == "simulated" else "kafka"
         if kind == "kafka" and real_bus:
-            return KafkaGroupLease(
+            return kafka_lease(
                 s.bootstrap_servers,
                 s.topic_prefix,
                 s.slurm_watcher_cluster,
@@ -200,7 +185,7 @@ class SlurmWatcher(Service):
         period = self.settings.slurm_watcher_poll_s
         while True:
             t0 = time.monotonic()
-            if not self.lease.held:
+            if not self.lease.held():
                 self.status = "standby"  # another watcher of this cluster publishes
                 self._held_before = False
                 await asyncio.sleep(min(period, 1.0))
@@ -214,12 +199,12 @@ class SlurmWatcher(Service):
         most ``max_backoff_s`` (s)."""
         if self.failed_polls <= 0:
             return period
-        return min(self.settings.slurm_watcher_max_backoff_s, period * 2 ** min(self.failed_polls, 30))
+        return float(min(self.settings.slurm_watcher_max_backoff_s, period * 2 ** min(self.failed_polls, 30)))
 
     async def poll_once(self, force_snapshot: bool = False) -> int:
         """Poll once and publish; returns the number of messages published (0 without the lease).
         The first poll after the lease is (re)acquired is a full snapshot from an empty table."""
-        if not self.lease.held:
+        if not self.lease.held():
             self.status = "standby"
             self._held_before = False
             return 0
@@ -335,7 +320,7 @@ class SlurmWatcher(Service):
         h.update(
             polls=self.polls,
             slurm_status=self.status,
-            lease_held=self.lease.held,
+            lease_held=self.lease.held(),
             failed_polls=self.failed_polls,
             last_poll_ts=self.last_poll_ts,
             last_error=self.last_error,

@@ -1,44 +1,38 @@
 """The narrow Slurm interface of gpuwarden and its implementation on the Slurm 22.05 CLI.
 
 :class:`SlurmClient` is all the slurm-watcher and the remediator use. :class:`CliSlurm`
-runs ``squeue``/``sinfo``/``scontrol`` through a :class:`CommandRunner` (argv lists, a
-timeout per call, retries), so tests give it a fake runner that returns recorded output.
+runs ``squeue``/``sinfo``/``scontrol`` through an
+:class:`~gpuwarden.shared.command.AsyncCommandRunner` (argv lists, a timeout per call; reads
+retried with :func:`~gpuwarden.shared.retry.retry_async`), so tests give it a fake runner that
+returns recorded output.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, Protocol
 
+from ..command import AsyncCommandRunner, AsyncSubprocessRunner, CommandNotFound, CommandResult, CommandTimeout
 from ..models import JobState, NodeState
+from ..retry import retry_async
+from .fields import TERMINAL_JOB_STATES
+from .jsonparse import SinfoJsonParser, SqueueJsonParser, parse_sacct_json
 from .names import validate_node_name
-from .parse import (
-    TERMINAL_JOB_STATES,
-    SinfoJsonParser,
-    SqueueJsonParser,
-    parse_sacct_json,
-    parse_scontrol_job_gpus,
-    parse_scontrol_nodes,
-)
+from .textparse import parse_scontrol_job_gpus, parse_scontrol_nodes
 
 __all__ = [
     "ENDED_STATES_ARG",
     "MAX_REASON_LEN",
     "CliSlurm",
     "CommandResult",
-    "CommandRunner",
     "SlurmAccounting",
     "SlurmClient",
     "SlurmEndedJobs",
     "SlurmError",
-    "SubprocessRunner",
     "check_reason",
     "drain_argv",
     "ended_after",
@@ -53,62 +47,6 @@ _TRANSIENT = re.compile(
 )
 
 
-@dataclass(frozen=True)
-class CommandResult:
-    """One finished command: argv, exit code (124 = timed out), stdout, stderr, duration (s)."""
-
-    argv: list[str]
-    exit_code: int
-    stdout: str
-    stderr: str
-    duration_s: float
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0
-
-    def output(self, limit: int = 2000) -> str:
-        """stdout + stderr, stripped, truncated to ``limit`` characters."""
-        text = "\n".join(p for p in (self.stdout.strip(), self.stderr.strip()) if p)
-        return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-class CommandRunner(Protocol):
-    """Runs one command. Never raises for a non-zero exit; a timeout gives exit code 124."""
-
-    async def run(self, argv: Sequence[str], timeout_s: float) -> CommandResult: ...
-
-
-class SubprocessRunner:
-    """:class:`CommandRunner` on ``asyncio.create_subprocess_exec`` (no shell); kills the
-    process on timeout. A missing program gives exit code 127."""
-
-    async def run(self, argv: Sequence[str], timeout_s: float) -> CommandResult:
-        args = [str(a) for a in argv]
-        t0 = time.monotonic()
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *args,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-            )
-        except OSError as exc:
-            return CommandResult(args, 127, "", str(exc), time.monotonic() - t0)
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            with contextlib.suppress(Exception):
-                await proc.wait()
-            return CommandResult(args, 124, "", f"timed out after {timeout_s:g}s", time.monotonic() - t0)
-        rc = proc.returncode if proc.returncode is not None else -1
-        return CommandResult(
-            args, rc, out.decode(errors="replace"), err.decode(errors="replace"), time.monotonic() - t0
-        )
-
-
 class SlurmError(RuntimeError):
     """A Slurm command failed (after retries); ``result`` is its last :class:`CommandResult`."""
 
@@ -120,8 +58,9 @@ class SlurmError(RuntimeError):
 class SlurmClient(Protocol):
     """What gpuwarden needs from Slurm: four calls.
 
-    Implementations: :class:`CliSlurm` (real Slurm 22.05 commands),
-    ``SimulatedSlurm`` (scenario state machine), ``FakeSlurm`` (tests).
+    Implementations: :class:`CliSlurm` (real Slurm 22.05 commands), :class:`~.rest.RestSlurm`
+    (slurmrestd); in the simulation layer ``gpuwarden.sim.slurm.SimulatedSlurm`` (scenario state
+    machine) and ``gpuwarden.sim.slurm.FakeSlurm`` (tests).
     """
 
     async def jobs(self) -> list[JobState]:
@@ -226,9 +165,10 @@ class CliSlurm:
     ``node()``: ``scontrol show node <name>``; ``update_node()``: ``scontrol update``.
 
     Args:
-        runner: runs argv lists (default :class:`SubprocessRunner`).
+        runner: runs argv lists (default :class:`~gpuwarden.shared.command.AsyncSubprocessRunner`).
         timeout_s: per command, s.
-        retries: extra attempts of a read after a failure; writes (``update_node``) run once.
+        retries: extra attempts of a read after a failure (any failure but a missing program);
+            writes (``update_node``) run once: the caller re-reads the node before retrying one.
         backoff_s: sleep before retry ``k`` is ``backoff_s * k``, s.
         now: clock for the observation time ``ts`` of returned states (epoch s).
         bin_prefix: prepended to command names (e.g. ``/usr/bin/``).
@@ -236,7 +176,7 @@ class CliSlurm:
 
     def __init__(
         self,
-        runner: CommandRunner | None = None,
+        runner: AsyncCommandRunner | None = None,
         *,
         timeout_s: float = 10.0,
         retries: int = 2,
@@ -244,7 +184,7 @@ class CliSlurm:
         now: Callable[[], float] = time.time,
         bin_prefix: str = "",
     ) -> None:
-        self.runner: CommandRunner = runner or SubprocessRunner()
+        self.runner: AsyncCommandRunner = runner or AsyncSubprocessRunner()
         self.timeout_s = timeout_s
         self.retries = max(0, retries)
         self.backoff_s = backoff_s
@@ -253,30 +193,36 @@ class CliSlurm:
         self._squeue = SqueueJsonParser()  # reuses unchanged job records between polls
         self._sinfo = SinfoJsonParser()
 
+    async def _once(self, argv: list[str]) -> CommandResult:
+        """One run; a timeout is exit code 124 and a missing program 127 (as ``timeout(1)`` and
+        a shell report them), so the retry rule and :class:`SlurmError` see one kind of result."""
+        t0 = time.monotonic()
+        try:
+            res = await self.runner.run(argv, self.timeout_s)
+        except CommandTimeout as exc:
+            res = CommandResult(list(argv), 124, "", f"timed out after {self.timeout_s:g}s", time.monotonic() - t0)
+            log.debug("%s", exc)
+        except (CommandNotFound, OSError) as exc:
+            res = CommandResult(list(argv), 127, "", str(exc) or type(exc).__name__, time.monotonic() - t0)
+        if not res.ok:
+            log.warning("%s: exit %s: %s", " ".join(argv[:3]), res.exit_code, res.stderr.strip()[:200])
+        return res
+
     async def _run(self, argv: list[str], *, read: bool) -> CommandResult:
-        res: CommandResult | None = None
         # a write is never retried here: after a timeout or "Unable to contact" it may have
         # landed, and someone may have changed the node since; the caller re-reads the node
         # and re-applies its rules before another attempt (see the remediator)
-        for attempt in range(self.retries + 1 if read else 1):
-            if attempt:
-                await asyncio.sleep(self.backoff_s * attempt)
-            res = await self.runner.run(argv, self.timeout_s)
-            if res.ok:
-                return res
+        def again(res: CommandResult) -> bool:
             transient = res.exit_code == 124 or bool(_TRANSIENT.search(res.stderr))
-            log.warning(
-                "%s: exit %s (attempt %d/%d): %s",
-                " ".join(argv[:3]),
-                res.exit_code,
-                attempt + 1,
-                self.retries + 1,
-                res.stderr.strip()[:200],
-            )
-            if not (transient or (read and res.exit_code != 127)):
-                break
-        assert res is not None
-        return res
+            return not res.ok and (transient or res.exit_code != 127)
+
+        return await retry_async(
+            lambda: self._once(argv),
+            retries=self.retries if read else 0,
+            first_delay_s=self.backoff_s,
+            growth="linear",
+            retry_if=again,
+        )
 
     async def _read(self, argv: list[str]) -> CommandResult:
         res = await self._run(argv, read=True)

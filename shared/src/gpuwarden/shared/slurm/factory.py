@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
@@ -34,13 +33,15 @@ def build_client(
 
     ``cli``: :class:`CliSlurm` with wall-clock time. ``rest``: :class:`RestSlurm` on
     slurmrestd at ``rest_url`` (``unix:/path`` or ``http://host:port``; token header if
-    ``rest_token``; paths of ``rest_version``), wall-clock time. ``simulated``: :class:`SimulatedSlurm`
-    of ``scenario`` (YAML path) on ``ScenarioClock.from_env()`` (``GPUWARDEN_SIM_START``,
-    ``GPUWARDEN_SIM_SPEED``), drain state in ``state_file`` (default
-    :data:`DEFAULT_SIM_STATE_FILE`).
+    ``rest_token``; paths of ``rest_version``), wall-clock time. ``simulated``: the simulation
+    layer's :class:`~gpuwarden.sim.slurm.SimulatedSlurm` of ``scenario`` (YAML path) on
+    ``ScenarioClock.from_env()`` (``GPUWARDEN_SIM_START``, ``GPUWARDEN_SIM_SPEED``), drain state
+    in ``state_file`` (default :data:`DEFAULT_SIM_STATE_FILE`), found through the entry point
+    ``gpuwarden.slurm_backends: simulated`` of the ``gpuwarden`` package.
 
     Raises:
         ValueError: unknown backend, or ``simulated`` without a scenario / with an invalid one.
+        PluginMissing: ``simulated`` without the simulation layer installed (a ValueError).
         FileNotFoundError: the scenario file does not exist.
     """
     if backend == "cli":
@@ -53,12 +54,11 @@ def build_client(
         r = RestSlurm(transport, version=rest_version, retries=retries)
         return r, r.now
     if backend == "simulated":
-        from ..scenario import ScenarioClock, load_scenario
-        from .simulated import SimulatedSlurm
+        from ..plugins import load_plugin
 
         if scenario is None:
             raise ValueError("the simulated Slurm backend needs a scenario file")
-        clock = ScenarioClock.from_env()
-        sim = SimulatedSlurm(load_scenario(scenario), clock, Path(state_file or DEFAULT_SIM_STATE_FILE))
-        return sim, lambda: clock.event_ts(clock.scenario_s(time.time()))
+        simulated = load_plugin("gpuwarden.slurm_backends", "simulated", "the simulated Slurm backend")
+        client, now = simulated(scenario, state_file)
+        return client, now
     raise ValueError(f"unknown Slurm backend {backend!r}: cli, rest or simulated")

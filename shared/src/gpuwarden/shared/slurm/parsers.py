@@ -1,7 +1,9 @@
 """``gpuwarden parse NAME FILE`` wrappers of the Slurm parsers (entry points ``gpuwarden.parsers``).
 
-Each takes the whole text of a recorded command output and returns JSON-able data; each raises
-``ValueError`` when the text is not that tool's output. ``ts`` of the returned states is the time
+The parsing itself lives in :mod:`.jsonparse` (``--json``, slurmrestd) and :mod:`.textparse`
+(``scontrol show``, ``sinfo -R``); this module only adapts them to the ``gpuwarden parse``
+contract. Each takes the whole text of a recorded command output and returns JSON-able data;
+each raises ``ValueError`` when the text is not that tool's output. ``ts`` of the returned states is the time
 of parsing (a recorded file carries no observation time). JSON documents report the OpenAPI
 version they were read as (``api_version``: ``v0.0.38`` for Slurm 22.05 up to ``v0.0.42`` for
 Slurm 25.05) and the Slurm release (``meta.Slurm.release``) when present.
@@ -15,17 +17,10 @@ from typing import Any
 
 import orjson
 
+from .fields import reason_nodes
+from .jsonparse import api_version, parse_sacct_json, parse_sinfo_json, parse_squeue_json
 from .names import expand_nodes
-from .parse import (
-    api_version,
-    parse_sacct_json,
-    parse_scontrol_jobs,
-    parse_scontrol_nodes,
-    parse_sinfo_json,
-    parse_sinfo_reasons,
-    parse_squeue_json,
-    reason_nodes,
-)
+from .textparse import parse_scontrol_jobs, parse_scontrol_nodes, parse_sinfo_reasons
 
 __all__ = [
     "hostlist",

@@ -8,7 +8,6 @@ the CLI output (``parse_squeue_json``, ``parse_sinfo_json``, ``parse_sacct_json`
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -18,9 +17,10 @@ import aiohttp
 import orjson
 
 from ..models import JobState, NodeState
+from ..retry import retry_async
 from .client import CommandResult, SlurmError, check_reason
+from .jsonparse import SinfoJsonParser, SqueueJsonParser, parse_sacct_json, parse_sinfo_json
 from .names import validate_node_name
-from .parse import SinfoJsonParser, SqueueJsonParser, parse_sacct_json, parse_sinfo_json
 
 __all__ = ["AiohttpTransport", "HttpTransport", "RestSlurm"]
 
@@ -128,24 +128,33 @@ class RestSlurm:
         """GET with retries. ``ok_404``: a 404, or an error document saying the object does
         not exist (22.05 answers an unknown node with HTTP 500 + "Invalid node name"), is
         returned instead of raised/retried."""
-        last = ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                await asyncio.sleep(self.backoff_s * attempt)
+
+        async def attempt() -> tuple[int, bytes]:
             try:
                 status, body = await self.transport.request("GET", path)
             except (OSError, TimeoutError) as exc:
-                last = str(exc) or type(exc).__name__
-                log.warning("slurmrestd GET %s (attempt %d/%d): %s", path, attempt + 1, self.retries + 1, last)
-                continue
+                log.warning("slurmrestd GET %s: %s", path, str(exc) or type(exc).__name__)
+                raise
             if ok_404 and _not_found(body):
                 return 404, body
-            if status < 500:
-                if status >= 400 and not (ok_404 and status == 404):
-                    raise SlurmError(f"slurmrestd GET {path}: HTTP {status}: {body[:300]!r}")
-                return status, body
-            last = f"HTTP {status}: {body[:200]!r}"
-        raise SlurmError(f"slurmrestd GET {path} failed: {last}")
+            if 400 <= status < 500 and not (ok_404 and status == 404):
+                raise SlurmError(f"slurmrestd GET {path}: HTTP {status}: {body[:300]!r}")
+            return status, body
+
+        try:
+            status, body = await retry_async(
+                attempt,
+                retries=self.retries,
+                first_delay_s=self.backoff_s,
+                growth="linear",
+                retry_on=(OSError, TimeoutError),
+                retry_if=lambda sb: sb[0] >= 500,
+            )
+        except (OSError, TimeoutError) as exc:
+            raise SlurmError(f"slurmrestd GET {path} failed: {str(exc) or type(exc).__name__}") from exc
+        if status >= 500:
+            raise SlurmError(f"slurmrestd GET {path} failed: HTTP {status}: {body[:200]!r}")
+        return status, body
 
     async def jobs(self) -> list[JobState]:
         """``GET /slurm/{v}/jobs``. GPU indices come from ``gres_detail``; running GPU jobs whose

@@ -50,7 +50,7 @@ def read_text(path: Path) -> str:
 def open_text(path: Path) -> io.TextIOBase:
     """``path`` opened for reading text (``.gz`` transparently), for streaming readers."""
     if path.suffix == ".gz":
-        return gzip.open(path, "rt", errors="replace", newline="")  # type: ignore[return-value]
+        return gzip.open(path, "rt", errors="replace", newline="")
     return open(path, errors="replace", newline="")
 
 
@@ -138,7 +138,7 @@ class TimeParser:
                 got = self._cache.get(s[:19])
                 if got is None:
                     got = self._base(s[:19], None)
-                return got + int(tail[1:]) / 10 ** (len(tail) - 1)
+                return float(got + int(tail[1:]) / 10 ** (len(tail) - 1))
             m = _ZONE_RE.match(tail)
             if m is None:
                 raise ValueError(f"not a timestamp: {text!r}")

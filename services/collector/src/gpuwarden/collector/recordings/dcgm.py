@@ -13,9 +13,9 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden.shared.models import EventKind, GpuEvent, stable_id
+from gpuwarden.shared.nvidia.nvml import THROTTLE_BITS
+from gpuwarden.shared.nvidia.pci import normalize_pci_bus_id
 
-from ..parsers import normalize_pci_bus_id
-from ..sources import THROTTLE_BITS
 from ._core import ReadContext, Reading, TimeParser, check_value
 
 __all__ = [
@@ -120,7 +120,7 @@ _NAME_EPOCH_RE = re.compile(r"(?<!\d)(\d{13}|\d{10}(?:\.\d+)?)(?!\d)")
 
 
 def throttle_names(mask: int) -> list[str]:
-    """Clock event reason names (:data:`~gpuwarden.collector.sources.THROTTLE_BITS`) of a bitmask."""
+    """Clock event reason names (:data:`~gpuwarden.shared.nvidia.nvml.THROTTLE_BITS`) of a bitmask."""
     return [name for bit, name in THROTTLE_BITS.items() if mask & bit]
 
 

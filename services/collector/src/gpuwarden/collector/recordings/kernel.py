@@ -1,6 +1,6 @@
 """Kernel logs of a recording: XID/SXID events with their original timestamps. Pure.
 
-Lines are parsed by :class:`~gpuwarden.collector.parsers.KernelLogParser` (which reads ISO,
+Lines are parsed by :class:`~gpuwarden.shared.nvidia.kernel_log.KernelLogParser` (which reads ISO,
 ``dmesg -T`` ctime and syslog stamps itself); this module supplies the time of the stamps it
 does not read: relative ``[  123.456789]`` (dmesg, ``journalctl -o short-monotonic``),
 ``journalctl -o short-precise`` (``Jan 21 02:21:33.123456``), ``journalctl -o json`` records
@@ -13,8 +13,8 @@ import re
 from datetime import UTC, datetime
 
 from gpuwarden.shared.models import GpuEvent
+from gpuwarden.shared.nvidia.kernel_log import KernelLogParser
 
-from ..parsers import KernelLogParser
 from ..sources import JournalctlFollower
 from ._core import ReadContext
 

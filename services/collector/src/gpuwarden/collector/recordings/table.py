@@ -7,8 +7,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from gpuwarden.shared.models import GpuSample
+from gpuwarden.shared.nvidia.pci import normalize_pci_bus_id
+from gpuwarden.shared.nvidia.tokens import is_na
 
-from ..parsers import normalize_pci_bus_id
 from ._core import ReadContext, Reading, TimeParser, check_value
 
 __all__ = ["SmiTable", "parse_nvidia_smi_table", "parse_nvidia_smi_table_report", "read_smi_tables"]
@@ -32,7 +33,7 @@ _DATE_RE = re.compile(r"^\w{3} \w{3} +\d{1,2} \d{2}:\d{2}:\d{2} \d{4}$")
 
 
 def _num(tok: str, unit: str) -> float | None:
-    if tok in ("N/A", "ERR!"):
+    if is_na(tok):  # N/A, ERR!
         return None
     return float(tok.removesuffix(unit))
 

@@ -1,0 +1,251 @@
+"""Condition rules: unhealthy states with a healthy default (STYLE item 6).
+
+An XID is an *event*; "GPU 3 is thermally throttled" is a *condition*. A condition rule
+names a signal (one of the types below, parameters from the catalog YAML), how long it
+must hold before a failure opens (``for_s``) and how long it must be healthy again
+before the failure resolves (``resolve_after_s``). Everything runs in event time.
+
+Signal types, by scope:
+
+* ``gpu`` (each GPU of each ``gpu.attributed`` sample; the previous sample of the same
+  GPU is given for counters): ``throttle``, ``flag``, ``counter-rate``, ``clock-low``,
+  ``pcie-degraded``, ``nvlink-rate``, ``nvlink-down``, ``memory-without-job``.
+* ``node``: ``gpu-count-drop`` (a GPU vanished from the node's samples), ``silent`` (no
+  sample from a node that reported before while other nodes keep reporting).
+* ``job`` (the ``job.windows`` of one job and window start, all its GPUs together):
+  ``idle``, ``partial-idle``, ``straggler-gpu``, ``straggler-node``, ``low-duty``,
+  ``hang``, ``memory-growth``, ``low-tensor``, ``pauses``.
+* ``health``: a failed prolog/epilog check on the ``health`` topic.
+
+This package is the registry: the :data:`Signal` union the catalog's ``signal:`` entries are
+validated against, their :data:`SCOPES`, the rule models (:class:`RuleBase`,
+:class:`ConditionRule`) and the dispatch of job-scope evaluation. Each family lives in its own
+module: :mod:`.gpu` (GPU thresholds and health flags), :mod:`.node` (node health),
+:mod:`.jobshape` (idle, partial-idle, low-duty, hang, low-tensor, pauses), :mod:`.fleet`
+(stragglers against the job's peers), :mod:`.memory` (memory trends); :mod:`.base` holds what
+they share and :mod:`.tracker` the open/resolve state machine.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, field_validator
+
+from gpuwarden.shared.models import Action, Category, JobWindow, Pattern, Severity
+
+from .base import CostModel, FrozenModel, JobContext, Reading
+from .fleet import Straggler, StragglerMetric, evaluate_stragglers
+from .gpu import (
+    ClockLow,
+    CounterRate,
+    Flag,
+    MemoryWithoutJob,
+    NvlinkDown,
+    NvlinkRate,
+    PcieDegraded,
+    Throttle,
+    evaluate_gpu,
+)
+from .jobshape import (
+    Hang,
+    Idle,
+    LowDuty,
+    LowTensor,
+    PartialIdle,
+    Pauses,
+    evaluate_hang,
+    evaluate_idle,
+    evaluate_low_duty,
+    evaluate_low_tensor,
+    evaluate_partial_idle,
+    evaluate_pauses,
+)
+from .memory import MemoryGrowth, evaluate_memory_growth
+from .node import GpuCountDrop, HealthFailed, Silent
+from .tracker import Tracker
+
+__all__ = [
+    "SCOPES",
+    "TEMPLATE_FIELDS",
+    "ClockLow",
+    "ConditionRule",
+    "CostModel",
+    "CounterRate",
+    "Flag",
+    "GpuCountDrop",
+    "Hang",
+    "HealthFailed",
+    "Idle",
+    "JobContext",
+    "LowDuty",
+    "LowTensor",
+    "MemoryGrowth",
+    "MemoryWithoutJob",
+    "NvlinkDown",
+    "NvlinkRate",
+    "PartialIdle",
+    "Pauses",
+    "PcieDegraded",
+    "Reading",
+    "RuleBase",
+    "Signal",
+    "Silent",
+    "Straggler",
+    "StragglerMetric",
+    "Throttle",
+    "Tracker",
+    "check_template",
+    "evaluate_gpu",
+    "evaluate_job",
+]
+
+
+Signal = Annotated[
+    Throttle
+    | Flag
+    | CounterRate
+    | ClockLow
+    | PcieDegraded
+    | NvlinkRate
+    | NvlinkDown
+    | MemoryWithoutJob
+    | GpuCountDrop
+    | Silent
+    | Idle
+    | PartialIdle
+    | Straggler
+    | LowDuty
+    | Hang
+    | MemoryGrowth
+    | LowTensor
+    | Pauses
+    | HealthFailed,
+    Field(discriminator="type"),
+]
+SCOPES = {
+    "gpu": {
+        "throttle",
+        "flag",
+        "counter-rate",
+        "clock-low",
+        "pcie-degraded",
+        "nvlink-rate",
+        "nvlink-down",
+        "memory-without-job",
+    },
+    "node": {"gpu-count-drop", "silent", "health-failed"},
+    "job": {
+        "idle",
+        "partial-idle",
+        "straggler-gpu",
+        "straggler-node",
+        "low-duty",
+        "hang",
+        "memory-growth",
+        "low-tensor",
+        "pauses",
+    },
+}
+
+
+TEMPLATE_FIELDS = {"node", "gpu", "job_text", "code", "message"}
+
+
+def check_template(v: str) -> str:
+    """Raise ValueError if a verdict template uses a field the renderer does not fill."""
+    import string
+
+    names = {f for _, f, _, _ in string.Formatter().parse(v) if f}
+    unknown = names - TEMPLATE_FIELDS
+    if unknown:
+        raise ValueError(f"verdict uses unknown fields {sorted(unknown)}; allowed {sorted(TEMPLATE_FIELDS)}")
+    return v
+
+
+class RuleBase(FrozenModel):
+    """What every catalog rule has: identity, the canonical pattern, severity, the
+    recommended action, the cost scope, a verdict template and what the data cannot tell."""
+
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    pattern: Pattern
+    category: Category
+    severity: Severity
+    action: Action
+    cost: CostModel = CostModel()
+    verdict: str
+    cannot_determine: list[str] = Field(default_factory=list)
+    source: str | None = None
+    fold_into: list[str] = Field(
+        default_factory=list,
+        description="Event rules (ids) whose open episode on the same GPU this finding belongs to: it is "
+        "added there as evidence instead of opening a failure of its own (one root cause, one failure)",
+    )
+
+    @field_validator("action")
+    @classmethod
+    def _action(cls, v: Action) -> Action:
+        if v is Action.RESUME:
+            raise ValueError("resume is the remediator's own action, not a recommendation")
+        return v
+
+    @field_validator("verdict")
+    @classmethod
+    def _verdict(cls, v: str) -> str:
+        return check_template(v)
+
+
+class ConditionRule(RuleBase):
+    """A condition: a signal that must hold ``for_s`` to open and clear ``resolve_after_s`` to resolve."""
+
+    signal: Signal
+    for_s: float = Field(30, ge=0, description="Unhealthy this long (event time) before the failure opens, s")
+    resolve_after_s: float = Field(60, ge=0, description="Healthy this long before it resolves, s")
+    explained_by: list[str] = Field(
+        default_factory=list,
+        description="Condition rules (ids) that explain this one on the same GPU (or node): while one of "
+        "them is unhealthy there, this one stays quiet (a thermally throttled GPU is slow: one finding)",
+    )
+
+    @property
+    def scope(self) -> str:
+        return next(s for s, types in SCOPES.items() if self.signal.type in types)
+
+
+def evaluate_job(
+    sig: Signal, windows: list[JobWindow], history: list[list[JobWindow]], ctx: JobContext | None = None
+) -> list[tuple[str, int | None, Reading]]:
+    """Evaluate a job-scope signal on the windows of one job and window start.
+
+    Args:
+        windows: one JobWindow per GPU of the job for the same window.
+        history: earlier window groups of the same job, oldest first (for trends).
+        ctx: the job's start and its GPUs' working power (None: unknown).
+
+    Returns:
+        ``(node, gpu_index or None for the whole job/node, reading)`` per subject; the
+        job as a whole is reported on its first node with ``gpu_index`` None.
+
+    Raises:
+        ValueError: ``sig`` is not a job-scope signal (and ``windows`` is not empty).
+    """
+    if not windows:
+        return []
+    ctx = ctx or JobContext()
+    if isinstance(sig, Idle):
+        return evaluate_idle(sig, windows, ctx)
+    if isinstance(sig, PartialIdle):
+        return evaluate_partial_idle(sig, windows, ctx)
+    if isinstance(sig, Straggler):
+        return evaluate_stragglers(sig, windows)
+    if isinstance(sig, LowDuty):
+        return evaluate_low_duty(sig, windows)
+    if isinstance(sig, Hang):
+        return evaluate_hang(sig, windows)
+    if isinstance(sig, MemoryGrowth):
+        return evaluate_memory_growth(sig, windows, history, ctx)
+    if isinstance(sig, LowTensor):
+        return evaluate_low_tensor(sig, windows, ctx)
+    if isinstance(sig, Pauses):
+        return evaluate_pauses(sig, windows, history, ctx)
+    raise ValueError(f"{sig.type} is not a job-scope signal")

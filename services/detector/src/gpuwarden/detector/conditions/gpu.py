@@ -1,0 +1,180 @@
+"""GPU-scope condition signals: per-GPU thresholds and health flags of one ``gpu.attributed`` sample.
+
+``throttle``, ``flag`` (row remap / page retirement pending or failed), ``counter-rate`` (ECC,
+PCIe replay, retired pages per minute), ``clock-low``, ``pcie-degraded``, ``nvlink-rate``,
+``nvlink-down``, ``memory-without-job``. Counters are judged against the previous sample of the
+same GPU (``dt`` s earlier).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field
+
+from gpuwarden.shared.models import GpuSample
+
+from .base import FrozenModel, Reading
+
+if TYPE_CHECKING:
+    from . import Signal
+
+__all__ = [
+    "ClockLow",
+    "CounterRate",
+    "Flag",
+    "MemoryWithoutJob",
+    "NvlinkDown",
+    "NvlinkRate",
+    "PcieDegraded",
+    "Throttle",
+    "evaluate_gpu",
+]
+
+
+class Throttle(FrozenModel):
+    type: Literal["throttle"]
+    reasons: list[str] = Field(min_length=1)
+    clock_ratio_below: float | None = Field(None, gt=0, le=1, description="Also require SM clock < ratio x max")
+    or_power_at_limit: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Also count power >= this share of the enforced limit as the reason (a recording or an "
+        "older driver without throttle reasons: a GPU at its power limit is power-capped)",
+    )
+
+
+class Flag(FrozenModel):
+    type: Literal["flag"]
+    field: Literal["remapped_rows_pending", "remapped_rows_failure", "retired_pages_pending"]
+
+
+class CounterRate(FrozenModel):
+    type: Literal["counter-rate"]
+    field: Literal["ecc_sbe_volatile", "ecc_dbe_volatile", "pcie_replay_count", "retired_pages"]
+    min_per_min: float = Field(gt=0, description="Increase per minute that is unhealthy")
+
+
+class ClockLow(FrozenModel):
+    type: Literal["clock-low"]
+    ratio_below: float = Field(gt=0, le=1, description="SM clock below this share of its maximum")
+    min_utilization_pct: float = Field(50, ge=0, le=100)
+    max_power_ratio: float = Field(
+        0.95, gt=0, le=1, description="At or above this share of the power limit the GPU is power-capped, not slow"
+    )
+
+
+class PcieDegraded(FrozenModel):
+    type: Literal["pcie-degraded"]
+    min_utilization_pct: float = Field(50, ge=0, le=100, description="Gen below max only counts under load")
+
+
+class NvlinkRate(FrozenModel):
+    type: Literal["nvlink-rate"]
+    min_per_min: float = Field(gt=0, description="CRC/replay/recovery errors per minute over all links")
+
+
+class NvlinkDown(FrozenModel):
+    type: Literal["nvlink-down"]
+
+
+class MemoryWithoutJob(FrozenModel):
+    type: Literal["memory-without-job"]
+    min_mib: float = Field(1024, gt=0)
+
+
+def _rate_per_min(cur: float | None, prev: float | None, dt: float) -> float | None:
+    if cur is None or prev is None or dt <= 0:
+        return None
+    return max(0.0, cur - prev) * 60.0 / dt
+
+
+def _nvlink_errors(g: GpuSample) -> float | None:
+    if not g.nvlinks:
+        return None
+    keys = ("crc_flit_errors", "crc_data_errors", "replay_errors", "recovery_errors")
+    return float(sum(int(link.get(k) or 0) for link in g.nvlinks for k in keys))
+
+
+def evaluate_gpu(sig: Signal, g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool) -> Reading | None:
+    """Evaluate a GPU-scope signal on one GPU reading; None when the GPU does not report it.
+
+    Args:
+        sig: the rule's signal.
+        g: this sample of the GPU; ``prev``: the previous one (for counters), ``dt`` seconds earlier.
+        has_job: whether a Slurm job held the GPU at the sample's time.
+    """
+    if isinstance(sig, Throttle):
+        active = sorted(set(sig.reasons) & set(g.throttle_reasons))
+        if (
+            not active
+            and sig.or_power_at_limit is not None
+            and g.power_w is not None
+            and g.power_limit_w
+            and g.power_w >= sig.or_power_at_limit * g.power_limit_w
+        ):
+            active = ["power_at_limit"]
+        bad = bool(active)
+        if bad and sig.clock_ratio_below is not None:
+            if g.sm_clock_mhz is None or not g.max_sm_clock_mhz:
+                return None
+            bad = g.sm_clock_mhz < sig.clock_ratio_below * g.max_sm_clock_mhz
+        return Reading(bad, "throttle_reasons", ",".join(active) or "none", None, ",".join(sig.reasons))
+    if isinstance(sig, Flag):
+        flag = getattr(g, sig.field)
+        return None if flag is None else Reading(bool(flag), sig.field, str(bool(flag)).lower(), None, "false")
+    if isinstance(sig, CounterRate):
+        cur = getattr(g, sig.field)
+        rate = _rate_per_min(cur, getattr(prev, sig.field) if prev else None, dt)
+        return None if rate is None else Reading(rate >= sig.min_per_min, sig.field, rate, "per min", sig.min_per_min)
+    if isinstance(sig, ClockLow):
+        if g.sm_clock_mhz is None or not g.max_sm_clock_mhz or g.utilization_gpu_pct is None:
+            return None
+        ratio = g.sm_clock_mhz / g.max_sm_clock_mhz
+        throttled = [r for r in g.throttle_reasons if r != "gpu_idle"]
+        capped = (
+            g.power_w is not None
+            and bool(g.power_limit_w)
+            and g.power_w >= sig.max_power_ratio * (g.power_limit_w or 0)
+        )
+        bad = (
+            ratio < sig.ratio_below
+            and g.utilization_gpu_pct >= sig.min_utilization_pct
+            and not throttled
+            and not capped
+        )
+        return Reading(bad, "sm_clock_ratio", ratio, "ratio", sig.ratio_below)
+    if isinstance(sig, PcieDegraded):
+        if g.pcie_link_width is None or g.pcie_link_width_max is None:
+            return None
+        width_bad = g.pcie_link_width < g.pcie_link_width_max
+        gen_bad = (
+            g.pcie_link_gen is not None
+            and g.pcie_link_gen_max is not None
+            and g.pcie_link_gen < g.pcie_link_gen_max
+            and (g.utilization_gpu_pct or 0) >= sig.min_utilization_pct
+        )
+        value = f"gen{g.pcie_link_gen} x{g.pcie_link_width}"
+        return Reading(
+            width_bad or gen_bad, "pcie_link", value, None, f"gen{g.pcie_link_gen_max} x{g.pcie_link_width_max}"
+        )
+    if isinstance(sig, NvlinkRate):
+        rate = _rate_per_min(_nvlink_errors(g), _nvlink_errors(prev) if prev else None, dt)
+        return (
+            None
+            if rate is None
+            else Reading(rate >= sig.min_per_min, "nvlink_errors", rate, "per min", sig.min_per_min)
+        )
+    if isinstance(sig, NvlinkDown):
+        if not g.nvlinks:
+            return None
+        down = [str(link.get("link")) for link in g.nvlinks if link.get("active") is False]
+        return Reading(bool(down), "nvlink_inactive", ",".join(down) or "none", "links", "none")
+    if isinstance(sig, MemoryWithoutJob):
+        if g.memory_used_mib is None:
+            return None
+        procs = sum(1 for p in g.processes or [] if str(p.get("type") or "C").upper() != "G")  # not Xorg
+        bad = not has_job and (g.memory_used_mib >= sig.min_mib or procs > 0)
+        return Reading(bad, "memory_used_mib", g.memory_used_mib, "MiB", sig.min_mib)
+    raise ValueError(f"{sig.type} is not a GPU-scope signal")

@@ -1,0 +1,149 @@
+"""The bridge's metric catalog: ``metrics.csv`` (shipped in the package), loaded and validated
+at import, as dcgm-exporter reads its metric CSV.
+
+One row per metric the bridge emits (or, where several rows share an OTel name such as
+``hw.temperature``, per series family of it). Columns:
+
+- ``naming``: ``otel`` (OTel semantic-convention names), ``dcgm`` (dcgm-exporter names) or
+  ``all`` (emitted in both namings: the failure metrics);
+- ``key``: the name the code maps a value function to (unique per naming);
+- ``name``: the OTLP metric name; ``unit``: its UCUM unit (``""`` in dcgm naming, as
+  dcgm-exporter); ``instrument``: ``gauge``, ``updown`` (non-monotonic sum) or ``counter``
+  (monotonic sum);
+- ``prom_name``: the name on ``/metrics`` (counters end in ``_total``);
+- ``attributes``: fixed extra data-point attributes, ``k=v;k2=v2``;
+- ``point_attributes`` / ``prom_labels``: the attributes (OTLP) and labels (Prometheus) that
+  tell apart several points of one GPU, same order, ``;``-separated;
+- ``sensor``: a temperature sensor's location (its point gets the sensor's own ``hw.id``);
+- ``otel_description``: the OTLP description where several rows share one name (must then
+  be equal on those rows); else ``description`` is used;
+- ``description``: help text (Prometheus ``# HELP`` and OTLP description).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from dataclasses import dataclass, field
+from importlib.resources import files
+from typing import Literal, cast
+
+__all__ = ["CATALOG", "CatalogEntry", "catalog_entries", "load_catalog"]
+
+Naming = Literal["otel", "dcgm", "all"]
+Instrument = Literal["gauge", "updown", "counter"]
+
+_COLUMNS = (
+    "naming", "key", "name", "unit", "instrument", "prom_name", "attributes", "point_attributes", "prom_labels",
+    "sensor", "otel_description", "description",
+)  # fmt: skip
+_PROM_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_OTEL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.\-/]{0,254}")
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """One validated row of ``metrics.csv`` (see the module docstring for the columns)."""
+
+    naming: Naming
+    key: str
+    name: str
+    unit: str
+    instrument: Instrument
+    prom_name: str
+    description: str
+    attributes: dict[str, str] = field(default_factory=dict)
+    point_attributes: tuple[str, ...] = ()
+    prom_labels: tuple[str, ...] = ()
+    sensor: str | None = None
+    otel_description: str = ""
+
+    @property
+    def metric_description(self) -> str:
+        """The OTLP description: ``otel_description`` when set, else ``description``."""
+        return self.otel_description or self.description
+
+
+def _split(text: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in text.split(";") if p.strip())
+
+
+def _pairs(text: str, where: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in _split(text):
+        k, sep, v = item.partition("=")
+        if not sep or not k.strip() or not v.strip():
+            raise ValueError(f"{where}: attributes: expected k=v, got {item!r}")
+        out[k.strip()] = v.strip()
+    return out
+
+
+def load_catalog(text: str, source: str = "metrics.csv") -> tuple[CatalogEntry, ...]:
+    """Parse and validate a catalog CSV (the format of ``metrics.csv``).
+
+    Returns:
+        The rows in file order.
+
+    Raises:
+        ValueError: a missing or extra column, an unknown ``naming``/``instrument``, an empty
+            or malformed ``key``/``name``/``prom_name``/``description``, a key twice in one
+            naming, ``point_attributes`` and ``prom_labels`` of different lengths, an OTLP
+            unit missing in otel naming, or rows sharing an OTel name that disagree on unit,
+            instrument or ``otel_description``.
+    """
+    reader = csv.DictReader(io.StringIO(text))
+    if tuple(reader.fieldnames or ()) != _COLUMNS:
+        raise ValueError(f"{source}: columns must be {','.join(_COLUMNS)}, got {reader.fieldnames}")
+    rows: list[CatalogEntry] = []
+    keys: set[tuple[str, str]] = set()
+    for n, raw in enumerate(reader, start=2):
+        where = f"{source}:{n}"
+        if None in raw or any(v is None for v in raw.values()):
+            raise ValueError(f"{where}: expected {len(_COLUMNS)} fields")
+        r = {k: v.strip() for k, v in raw.items()}
+        if r["naming"] not in ("otel", "dcgm", "all"):
+            raise ValueError(f"{where}: naming must be otel, dcgm or all, got {r['naming']!r}")
+        if r["instrument"] not in ("gauge", "updown", "counter"):
+            raise ValueError(f"{where}: instrument must be gauge, updown or counter, got {r['instrument']!r}")
+        for col in ("key", "name", "prom_name", "description"):
+            if not r[col]:
+                raise ValueError(f"{where}: empty {col}")
+        if not _OTEL_NAME.fullmatch(r["name"]):
+            raise ValueError(f"{where}: invalid metric name {r['name']!r}")
+        if not _PROM_NAME.fullmatch(r["prom_name"]):
+            raise ValueError(f"{where}: invalid Prometheus name {r['prom_name']!r}")
+        if r["naming"] != "dcgm" and not r["unit"]:
+            raise ValueError(f"{where}: {r['name']} needs a unit")
+        if (r["naming"], r["key"]) in keys:
+            raise ValueError(f"{where}: key {r['key']!r} twice in naming {r['naming']}")
+        keys.add((r["naming"], r["key"]))
+        point_attributes, prom_labels = _split(r["point_attributes"]), _split(r["prom_labels"])
+        if len(point_attributes) != len(prom_labels):
+            raise ValueError(f"{where}: point_attributes and prom_labels must have the same length")
+        rows.append(
+            CatalogEntry(
+                naming=cast(Naming, r["naming"]), key=r["key"], name=r["name"], unit=r["unit"],
+                instrument=cast(Instrument, r["instrument"]), prom_name=r["prom_name"], description=r["description"],
+                attributes=_pairs(r["attributes"], where), point_attributes=point_attributes, prom_labels=prom_labels,
+                sensor=r["sensor"] or None, otel_description=r["otel_description"],
+            )
+        )  # fmt: skip
+    by_name: dict[tuple[str, str], CatalogEntry] = {}
+    for e in rows:
+        first = by_name.setdefault((e.naming, e.name), e)
+        if (first.unit, first.instrument, first.metric_description) != (e.unit, e.instrument, e.metric_description):
+            raise ValueError(
+                f"{source}: rows named {e.name} disagree on unit, instrument or otel_description ({first.key}, {e.key})"
+            )
+    return tuple(rows)
+
+
+#: Every row of the packaged ``metrics.csv`` (validated at import).
+CATALOG: tuple[CatalogEntry, ...] = load_catalog(files(__package__).joinpath("metrics.csv").read_text("utf-8"))
+
+
+def catalog_entries(naming: Naming, *, multi: bool | None = None) -> tuple[CatalogEntry, ...]:
+    """Rows of ``naming`` exactly (``all`` rows only when ``naming="all"``), in file order;
+    ``multi`` True/False keeps only rows with/without ``point_attributes``."""
+    return tuple(e for e in CATALOG if e.naming == naming and (multi is None or bool(e.point_attributes) == multi))

@@ -1,0 +1,264 @@
+"""Consuming: the validating aiokafka :class:`Consumer` with its dead-letter path and at-least-once commits."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.errors import KafkaError
+from pydantic import BaseModel, ValidationError
+
+from ..metrics import ServiceMetrics
+from ..settings import BusSettings
+from .codec import decode
+from .deadletter import MAX_MESSAGE_BYTES, dead_letter_of
+from .errors import DeliveryError, NotAuthorizedError, not_authorized
+from .producer import ProducerLike
+
+__all__ = [
+    "Consumer",
+    "Handler",
+]
+
+log = logging.getLogger(__name__)
+
+
+Handler = Callable[[str, BaseModel, ConsumerRecord], Awaitable[None]]
+
+
+class Consumer:
+    """Consume short-named topics in a consumer group, validate, hand to ``handler``.
+
+    At-least-once, and nothing skipped: after each batch the producer's deliveries are
+    confirmed, then only the offsets of records that were handled are committed (a record
+    dead-lettered counts as handled). Bad messages and handler errors go to ``deadletter``
+    and do not stop the loop; a record too large to carry is dead-lettered by reference
+    (:data:`DEAD_LETTER_MAX_BYTES`). When the broker does not confirm the outputs, nothing is
+    committed and the uncommitted records are read again (after ``retry_s``). A graceful stop
+    (:meth:`request_stop`) finishes the record in hand and hands the rest of the batch back
+    uncommitted (the next owner of the partition reads it).
+    """
+
+    def __init__(
+        self,
+        settings: BusSettings,
+        service: str,
+        topics: Iterable[str],
+        group_id: str,
+        handler: Handler,
+        producer: ProducerLike,
+        metrics: ServiceMetrics,
+        auto_offset_reset: str = "earliest",
+        max_records: int = 500,
+        retry_s: float = 1.0,
+    ) -> None:
+        self._settings = settings
+        self.service = service
+        self.topics = list(topics)
+        self._group_id = group_id
+        self._handler = handler
+        self._producer = producer
+        self._metrics = metrics
+        self._reset = auto_offset_reset
+        self._max_records = max_records
+        self._retry_s = retry_s
+        self._consumer: AIOKafkaConsumer | None = None
+        self._short = {settings.topic(t): t for t in self.topics}
+        self._handled: dict[TopicPartition, int] = {}  # next offset after the last handled record
+        self._committed: dict[TopicPartition, int] = {}
+        self._stopping = False
+        self.before_commit: Callable[[bool], Awaitable[bool]] | None = None
+        """Called before offsets are committed (``force`` on stop); False defers the commit."""
+        self.handled = 0
+        self.handed_back = 0
+        self.assigned = asyncio.Event()
+
+    async def start(self) -> None:
+        if self._consumer is not None:
+            return
+        c = AIOKafkaConsumer(
+            *self._short,
+            **self._settings.kafka_kwargs(),
+            client_id=f"{self._settings.client_id}-{self.service}",
+            group_id=self._group_id,
+            enable_auto_commit=False,
+            auto_offset_reset=self._reset,
+            session_timeout_ms=10000,
+            heartbeat_interval_ms=1000,
+            max_poll_interval_ms=300000,
+            fetch_max_wait_ms=100,
+        )
+        try:
+            await c.start()
+        except BaseException:
+            await c.stop()
+            raise
+        self._consumer = c
+        self._stopping = False
+
+    def request_stop(self) -> None:
+        """Ask :meth:`run` to return after the record in hand (the rest is handed back)."""
+        self._stopping = True
+
+    async def stop(self) -> None:
+        """Commit what was handled (only that) and leave the group; safe twice and before ``start``."""
+        c, self._consumer = self._consumer, None
+        if c is not None:
+            try:
+                await self._commit(c, force=True)
+            except Exception as exc:
+                log.warning(
+                    "%s: final commit failed (the uncommitted records will be read again): %s", self.service, exc
+                )
+            await c.stop()
+
+    async def stop_gracefully(self, task: asyncio.Task[Any] | None, grace_s: float = 10.0) -> None:
+        """Stop ``task`` (this consumer's :meth:`run`): let it finish the record in hand (up to
+        ``grace_s``, then cancel it), then :meth:`stop` (commit the handled records only)."""
+        self.request_stop()
+        if task is not None and not task.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(task), grace_s)
+            except TimeoutError:
+                log.warning("%s: the record in hand took over %gs; cancelled (it will be read again)", self.service,
+                            grace_s)  # fmt: skip
+                task.cancel()
+            except Exception:
+                pass  # its crash is reported by the service's task guard
+            await asyncio.gather(task, return_exceptions=True)
+        await self.stop()
+
+    async def _commit(self, c: AIOKafkaConsumer, force: bool = False) -> None:
+        """Confirm the outputs, then commit the handled positions of the assigned partitions.
+
+        Raises:
+            DeliveryError: outputs not confirmed (nothing committed).
+        """
+        if not self._handled:
+            return
+        await self._producer.flush()
+        if self.before_commit is not None and not await self.before_commit(force):
+            return
+        assigned = c.assignment()
+        offsets = {tp: o for tp, o in self._handled.items() if tp in assigned and self._committed.get(tp) != o}
+        self._handled = {}
+        if offsets:
+            await c.commit(offsets)
+            self._committed.update(offsets)
+
+    async def lag(self) -> dict[str, int]:
+        """Consumer lag per short topic name (messages), summed over assigned partitions."""
+        c = self._consumer
+        if c is None:
+            return {}
+        parts = list(c.assignment())
+        if not parts:
+            return {}
+        ends = await c.end_offsets(parts)
+        out: dict[str, int] = {}
+        for tp in parts:
+            pos = await c.position(tp)
+            short = self._short.get(tp.topic, tp.topic)
+            out[short] = out.get(short, 0) + max(0, ends[tp] - pos)
+        return out
+
+    async def run(self) -> None:
+        """Consume until cancelled or :meth:`request_stop`."""
+        c = self._consumer
+        if c is None:
+            raise RuntimeError("consumer not started")
+        while not self._stopping:
+            batches: dict[TopicPartition, list[ConsumerRecord]] = await c.getmany(
+                timeout_ms=200, max_records=self._max_records
+            )
+            if c.assignment():
+                self.assigned.set()
+            if not batches:
+                continue
+            first = {tp: recs[0].offset for tp, recs in batches.items() if recs}
+            try:
+                for tp, records in batches.items():
+                    short = self._short.get(tp.topic, tp.topic)
+                    for i, rec in enumerate(records):
+                        if self._stopping:
+                            self._hand_back(c, tp, rec.offset, len(records) - i)
+                            break
+                        await self._one(short, rec)
+                        self._handled[tp] = rec.offset + 1
+                        self.handled += 1
+                await self._commit(c)
+            except (DeliveryError, KafkaError) as exc:
+                denied = not_authorized(exc)
+                if denied is not None:  # an ACL is missing: retrying would hang, stop loudly
+                    self._handled = {}  # its outputs are not on the broker: stop() must not commit it
+                    raise NotAuthorizedError(
+                        f"{self.service}: Kafka refuses this principal: {type(denied).__name__}: {denied} "
+                        "(grant the missing ACL; nothing of this batch was committed)"
+                    ) from exc
+                # outputs not confirmed: commit nothing, read the uncommitted records again
+                self._metrics.errors.labels("delivery").inc()
+                log.warning("%s: outputs not delivered (%s); re-reading from the last commit", self.service, exc)
+                for tp, off in first.items():
+                    back = self._committed.get(tp, off)
+                    if tp in c.assignment():
+                        c.seek(tp, min(back, off))
+                self._handled = {}
+                await asyncio.sleep(self._retry_s)
+                continue
+            lag = c.highwater  # per partition highwater: cheap lag estimate from fetch responses
+            for tp in batches:
+                hw = lag(tp)
+                if hw is not None and tp in c.assignment():
+                    pos = await c.position(tp)
+                    self._metrics.consumer_lag.labels(self._short.get(tp.topic, tp.topic), str(tp.partition)).set(
+                        max(0, hw - pos)
+                    )
+
+    def _hand_back(self, c: AIOKafkaConsumer, tp: TopicPartition, offset: int, n: int) -> None:
+        self.handed_back += n
+        log.info("%s: stopping: %d record(s) of %s[%s] from %s handed back uncommitted", self.service, n,
+                 tp.topic, tp.partition, offset)  # fmt: skip
+
+    async def _one(self, short: str, rec: ConsumerRecord) -> None:
+        self._metrics.messages_in.labels(short).inc()
+        if rec.value is not None and len(rec.value) > MAX_MESSAGE_BYTES:
+            await self.dead_letter(short, rec, f"oversize: {len(rec.value)} bytes (max {MAX_MESSAGE_BYTES})")
+            return
+        try:
+            value = decode(short, rec.value)
+        except (ValueError, ValidationError) as exc:
+            await self.dead_letter(short, rec, f"schema: {_short_error(exc)}")
+            return
+        try:
+            await self._handler(short, value, rec)
+        except (asyncio.CancelledError, DeliveryError, KafkaError):
+            raise  # not the record's fault: it is not handled, and read again
+        except Exception as exc:
+            log.exception("%s: handler failed on %s[%s]@%s", self.service, short, rec.partition, rec.offset)
+            self._metrics.errors.labels("handler").inc()
+            await self.dead_letter(short, rec, f"handler: {type(exc).__name__}: {exc}")
+
+    async def dead_letter(self, short: str, rec: ConsumerRecord, error: str) -> None:
+        """Publish ``rec`` to ``deadletter`` with ``error``; logs and counts it. A value over
+        :data:`DEAD_LETTER_MAX_BYTES` goes by reference: its size and first bytes, ``truncated``.
+
+        Raises:
+            DeliveryError: the broker did not confirm the dead letter (the record stays unhandled).
+        """
+        log.warning("%s: dead-lettering %s[%s]@%s: %s", self.service, short, rec.partition, rec.offset, error[:300])
+        self._metrics.dead_lettered.labels(short).inc()
+        topic = self._settings.topic(short)
+        dl = dead_letter_of(self.service, topic, rec.partition, rec.offset, rec.key, rec.value, error, time.time())
+        await self._producer.publish("deadletter", topic, dl)
+        await self._producer.flush()
+
+
+def _short_error(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        errs = exc.errors()[:5]
+        return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errs)
+    return str(exc)

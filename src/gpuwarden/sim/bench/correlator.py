@@ -1,0 +1,218 @@
+"""``gpuwarden bench correlator``: GPU samples/s through attribution + windowing on a real broker.
+
+For each worker count: a fresh topic prefix and consumer group, a backlog of ``nodes x ticks``
+``NodeSample`` messages (``gpus`` GPUs each, all held by one job) produced before the workers
+start, then ``python -m gpuwarden.correlator`` worker processes. The clock runs from the first
+consumed sample to the moment every sample has been attributed and windowed (both happen in
+the sample handler; ``gpuwarden_messages_out_total{topic="gpu.attributed"}``, counted after
+it, summed over the workers' ``/metrics``), so start-up is not counted. Prints GPU samples/s
+per worker count and the ratio, and the CPU time the workers used over the same interval
+(``utime + stime`` of ``/proc/<pid>/stat``, Linux) as CPU-seconds per 1,000 GPU samples: on a
+machine with fewer cores than workers + broker the rate cannot scale, the CPU cost per sample
+shows the efficiency. Each worker's share of the samples shows the partitions were spread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from aiokafka import AIOKafkaProducer
+
+from gpuwarden.shared.models import GpuSample, JobState, NodeSample
+from gpuwarden.shared.topics import create_topics
+from gpuwarden.sim.brokers import ApacheKafka, free_port
+
+__all__ = ["RunResult", "bench_correlator", "cpu_seconds"]
+
+
+def _metric(port: int, name: str, topic: str) -> float:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return 0.0
+    want = f'{name}{{topic="{topic}"}} '
+    return next((float(line.split()[-1]) for line in text.splitlines() if line.startswith(want)), 0.0)
+
+
+async def _backlog(bootstrap: str, prefix: str, nodes: int, ticks: int, gpus: int) -> None:
+    p = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False, acks=1, linger_ms=20)
+    await p.start()
+    t0 = float(int(time.time()) // 10 * 10 - 7200)
+    names = [f"bench-node-{i:04d}" for i in range(nodes)]
+    try:
+        job = JobState(
+            job_id="9001",
+            ts=t0 - 30,
+            state="RUNNING",
+            nodes=names,
+            gpus={n: list(range(gpus)) for n in names},
+            start_ts=t0 - 60,
+        )
+        await p.send_and_wait(f"{prefix}slurm.jobs", job.to_json(), key=b"9001")
+        await asyncio.sleep(0.5)
+        for t in range(ticks):
+            for n in names:
+                s = NodeSample(
+                    node=n,
+                    ts=t0 + t,
+                    collector_id="bench",
+                    source="simulated",
+                    gpus=[
+                        GpuSample(
+                            index=i,
+                            utilization_gpu_pct=90.0,
+                            power_w=600.0,
+                            sm_clock_mhz=1980.0,
+                            memory_used_mib=40000.0 + t,
+                            memory_total_mib=81559.0,
+                            temperature_c=65.0,
+                            throttle_reasons=["sw_power_cap"] if t % 7 == 0 else [],
+                        )
+                        for i in range(gpus)
+                    ],
+                )
+                await p.send(f"{prefix}gpu.samples", s.to_json(), key=n.encode())
+        await p.flush()
+    finally:
+        await p.stop()
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of process ``pid`` so far, s (``/proc/<pid>/stat``, Linux); None
+    when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class RunResult:
+    """One run: GPU samples/s, worker CPU s over the timed interval, GPU samples per worker."""
+
+    rate: float
+    cpu_s: float
+    per_worker: list[float]
+
+    def cpu_per_1000(self, gpu_samples: int) -> float:
+        """CPU-seconds per 1,000 GPU samples."""
+        return self.cpu_s / gpu_samples * 1000
+
+
+def _run(bootstrap: str, workers: int, nodes: int, ticks: int, gpus: int, partitions: int, timeout: float) -> RunResult:
+    prefix = f"bench{uuid.uuid4().hex[:6]}."
+    asyncio.run(create_topics(bootstrap, prefix, partitions=partitions))
+    asyncio.run(_backlog(bootstrap, prefix, nodes, ticks, gpus))
+    env = {
+        **os.environ,
+        "GPUWARDEN_BOOTSTRAP_SERVERS": bootstrap,
+        "GPUWARDEN_TOPIC_PREFIX": prefix,
+        "GPUWARDEN_CONSUMER_GROUP": f"bench-correlator-{prefix.rstrip('.')}",
+        "GPUWARDEN_LOG_LEVEL": "WARNING",
+    }
+    procs: list[tuple[subprocess.Popen[bytes], int]] = []
+    total = nodes * ticks
+    try:
+        for _ in range(workers):
+            port = free_port()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "gpuwarden.correlator"],
+                env={**env, "GPUWARDEN_HTTP_PORT": str(port)},
+                start_new_session=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            procs.append((proc, port))
+        deadline = time.monotonic() + timeout
+        started: float | None = None
+        cpu0 = 0.0
+        while time.monotonic() < deadline:
+            if started is None and any(
+                _metric(port, "gpuwarden_messages_in_total", "gpu.samples") > 0 for _, port in procs
+            ):
+                started = time.monotonic()
+                cpu0 = sum(cpu_seconds(p.pid) or 0.0 for p, _ in procs)
+            per = [_metric(port, "gpuwarden_messages_out_total", "gpu.attributed") for _, port in procs]
+            done = sum(per)
+            if done >= total and started is not None:
+                rate = total * gpus / (time.monotonic() - started)
+                cpu = sum(cpu_seconds(p.pid) or 0.0 for p, _ in procs) - cpu0
+                return RunResult(rate, cpu, [n * gpus for n in per])
+            if any(p.poll() is not None for p, _ in procs):
+                raise RuntimeError("a correlator worker exited")
+            time.sleep(0.1)
+        raise RuntimeError(f"timed out: {done}/{total} samples windowed")
+    finally:
+        for proc, _ in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc, _ in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+
+
+def bench_correlator(
+    nodes: Annotated[int, typer.Option(help="Nodes (one NodeSample per node per tick)")] = 40,
+    ticks: Annotated[int, typer.Option(help="Ticks (s of event time) per node")] = 120,
+    gpus: Annotated[int, typer.Option(help="GPUs per node")] = 8,
+    workers: Annotated[list[int], typer.Option(help="Worker counts to run, one run each")] = [1, 2],  # noqa: B006
+    partitions: Annotated[int, typer.Option(help="Partitions of the topics")] = 6,
+    bootstrap: Annotated[
+        str | None,
+        typer.Option(help="Kafka bootstrap servers; default $GPUWARDEN_BOOTSTRAP_SERVERS, else deploy/kafka.sh"),
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Give up a run after this long, s")] = 300.0,
+) -> None:
+    """GPU samples/s through the correlator (decode, join, attributed publish, windowing) on a
+    real broker, from a backlog; one run per worker count, then the ratio to the first."""
+    bootstrap = bootstrap or os.environ.get("GPUWARDEN_BOOTSTRAP_SERVERS")
+    kafka: ApacheKafka | None = None
+    if not bootstrap:
+        script = Path("deploy/kafka.sh").resolve()
+        if not ApacheKafka.available(script):
+            raise typer.BadParameter("no --bootstrap and deploy/kafka.sh cannot start Kafka (run from the repo root)")
+        kafka = ApacheKafka(script)
+        bootstrap = kafka.start()
+    try:
+        rates: dict[int, float] = {}
+        cpus: dict[int, float] = {}
+        n_gpu = nodes * ticks * gpus
+        for w in workers:
+            r = _run(bootstrap, w, nodes, ticks, gpus, partitions, timeout)
+            rates[w], cpus[w] = r.rate, r.cpu_per_1000(n_gpu)
+            typer.echo(
+                f"workers={w}: {rates[w]:,.0f} GPU samples/s ({rates[w] / gpus:,.0f} NodeSamples/s; "
+                f"{n_gpu} GPU samples, {partitions} partitions)"
+            )
+            share = ", ".join(f"{x / n_gpu:.0%}" for x in r.per_worker)
+            typer.echo(
+                f"  cpu: {r.cpu_s:.2f} s in the workers = {cpus[w] * 1000:.1f} ms per 1,000 GPU samples "
+                f"({1000 / cpus[w]:,.0f} GPU samples/s per core); share per worker {share}"
+            )
+        first = workers[0]
+        for w in workers[1:]:
+            typer.echo(f"ratio workers={w} / workers={first}: {rates[w] / rates[first]:.2f}")
+            typer.echo(
+                f"cpu efficiency workers={w} vs workers={first}: {cpus[first] / cpus[w]:.2f} "
+                "(CPU per sample of one worker / of these workers; 1.00 = no overhead from splitting)"
+            )
+    finally:
+        if kafka is not None:
+            kafka.stop()

