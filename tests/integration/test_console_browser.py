@@ -163,6 +163,8 @@ async def test_console_shows_failure_verdict_and_drain_live(tmp_path: Path, monk
         if browser is not None:
             browser.kill()
             browser.wait(10)
+            if browser.stderr is not None:
+                browser.stderr.close()
         if ui is not None:
             await ui.stop()
         await p.stop()

@@ -30,12 +30,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden.otlp_bridge import OtlpBridge, OtlpBridgeService, OtlpBridgeSettings
 from gpuwarden.otlp_bridge.dcgm import DCGM_LABELS, DCGM_METRICS, dcgm_labels
-from gpuwarden.otlp_bridge.direct import DirectMetricExporter, GrpcMetricTransport, HttpMetricTransport
+from gpuwarden.otlp_bridge.direct import DirectMetricExporter
 from gpuwarden.otlp_bridge.encoder import MetricEncoder
 from gpuwarden.otlp_bridge.exporters import MetricNameCaseExporter, build_otlp_exporters
 from gpuwarden.otlp_bridge.logs import event_log, node_state_log
 from gpuwarden.otlp_bridge.metrics import OTEL_SHARED_DESCRIPTIONS, GpuView, error_counts, gpu_state
 from gpuwarden.otlp_bridge.store import LatestStore
+from gpuwarden.otlp_bridge.transports import GrpcMetricTransport, HttpMetricTransport
 from gpuwarden.shared.models import (
     Action,
     AttributedEvent,

@@ -4,27 +4,17 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import orjson
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gpuwarden.detector.jobreport import job_report_rows
+from .reports import check_report_path, write_report
 
-from .analyze import (
-    AnalyzeResult,
-    analyze_recording,
-    fill_from_spec,
-    index_by_pci,
-    job_summary,
-    recording_job,
-    recording_summary,
-    span,
-    with_missing_inputs,
-)
+if TYPE_CHECKING:
+    from .analyze import AnalyzeResult
 
 console = Console(emoji=False, highlight=False)
 
@@ -80,8 +70,14 @@ def analyze(
 
     Exit status: 0 when it ran (findings or not), 2 for unreadable input.
     """
+    # imported here, not at module level: every gpuwarden command loads this plugin, and these
+    # pull in the detector and the collector's readers (~25 MiB)
     from gpuwarden.collector.recordings import gpu_spec, load_recording
+    from gpuwarden.detector.jobreport import job_report_rows
 
+    from .analyze import analyze_recording, fill_from_spec, job_summary, recording_summary
+
+    check_report_path(report, console)
     try:
         rec = load_recording(
             files,
@@ -139,8 +135,7 @@ def analyze(
         for jr in result.reporter.reports():
             console.print(render_terminal(jr, gpus=False))
     if report:
-        report.write_bytes(orjson.dumps(rep, option=orjson.OPT_INDENT_2))
-        console.print(f"report written to {escape(str(report))}")
+        write_report(report, rep, console)
 
 
 def _through_kafka(
@@ -153,6 +148,7 @@ def _through_kafka(
     bootstrap: str,
 ) -> AnalyzeResult:
     from . import analyze_kafka
+    from .analyze import AnalyzeResult, index_by_pci, recording_job, span, with_missing_inputs
 
     if not samples and not events:
         raise ValueError("the recording holds no samples and no events")

@@ -9,7 +9,6 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Annotated
 
-import orjson
 import typer
 from rich.console import Console, Group
 from rich.live import Live
@@ -21,6 +20,7 @@ from gpuwarden.shared.models import Failure
 from gpuwarden.shared.scenario import load_scenario
 
 from .console_mode import hold_until_interrupt, start_console
+from .reports import check_report_path, write_report
 from .runner import Pipeline
 
 console = Console(emoji=False, highlight=False)
@@ -154,8 +154,7 @@ async def _run(
     if not sc["passed"] or keep_logs:
         console.print(f"service logs kept in {p.workdir / 'logs'}")
     if report:
-        report.write_bytes(orjson.dumps(rep, option=orjson.OPT_INDENT_2))
-        console.print(f"report written to {report}")
+        write_report(report, rep, console)
     if sc["passed"]:
         rc = 0
         if not keep_logs:
@@ -175,6 +174,7 @@ def _go(
     keep_logs: bool = False,
     console_ui: bool = False,
 ) -> None:
+    check_report_path(report, console)
     try:
         sc = load_scenario(scenario)
     except (OSError, ValueError) as exc:

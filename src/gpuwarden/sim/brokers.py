@@ -108,6 +108,8 @@ class TansuBroker:
             start_new_session=True,
             preexec_fn=die_with_parent,
         )
+        if not isinstance(out, int):
+            out.close()  # the broker has its own copy of the descriptor
         try:
             wait_port(self.host, self.port, timeout_s, self.proc)
         except BrokerError:

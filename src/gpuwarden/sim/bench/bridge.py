@@ -120,7 +120,7 @@ def bridge(
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
     from gpuwarden.otlp_bridge.bridge import OtlpBridge, build_resource
-    from gpuwarden.otlp_bridge.direct import GrpcMetricTransport
+    from gpuwarden.otlp_bridge.transports import GrpcMetricTransport
 
     sink = subprocess.Popen([sys.executable, "-c", _SINK], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -207,6 +207,8 @@ def bridge(
         except subprocess.TimeoutExpired:
             sink.kill()
             sink.wait(5)
+        if sink.stdout is not None:
+            sink.stdout.close()
 
 
 #: points per CPU-second of the hand-written encoder and transports the fast path replaced

@@ -144,7 +144,9 @@ class Catalog(_Strict):
     version: Literal[1]
     rules: list[Rule] = Field(min_length=1)
     conditions: list[ConditionRule] = Field(default_factory=list, description="Condition rules (healthy default)")
-    xid_table: dict[int, XidEntry] = Field(default_factory=dict, description="XIDs without a rule of their own")
+    xid_table: dict[int, XidEntry] = Field(
+        default_factory=dict, description="The XID table: every known code (a rule of its own, if any, decides first)"
+    )
     _rule_cache: dict[int, Rule] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")

@@ -55,7 +55,9 @@ def check_catalog(path: Annotated[Path | None, typer.Argument(help="Catalog YAML
     console.print(t)
     console.print(c)
     patterns = {e.pattern for e in cat.xid_table.values()}
+    ruled = {code for r in cat.rules if r.match.event == "xid" for code in r.match.codes}
+    plain = [code for code in cat.xid_table if code not in ruled]
     console.print(
-        f"XID table: {len(cat.xid_table)} codes without a rule of their own -> {len(patterns)} patterns "
-        "(unknown codes -> xid-other)"
+        f"XID table: {len(cat.xid_table)} codes -> {len(patterns)} patterns; {len(plain)} of them without a rule "
+        "of their own (the table gives their failure); unknown codes -> xid-other"
     )

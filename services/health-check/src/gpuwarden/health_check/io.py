@@ -11,7 +11,7 @@
 * :func:`read_sysfs_ib` - ``/sys/class/infiniband/<dev>/ports/<n>/{state,phys_state,rate,link_layer}``
   under a root folder (``/`` in production, a temporary tree in tests).
 
-NVML itself is the collector's :class:`gpuwarden.collector.sources.Nvml` protocol.
+NVML itself is the :class:`gpuwarden.shared.nvidia.nvml.Nvml` protocol (the NVIDIA layer the collector uses too).
 """
 
 from __future__ import annotations

@@ -69,7 +69,9 @@ class HealthCheckSettings(BusSettings):
     )
     health_sysfs_root: Path = Field(Path("/"), description="Root under which /sys/class/infiniband is read")
     health_scenario: Path | None = Field(
-        None, description="Simulate: read NVML from the collector's FakeNvml for this scenario YAML (demo, tests)"
+        None,
+        description="Simulate: read NVML from the simulation layer's FakeNvml (gpuwarden.sim) for this "
+        "scenario YAML (demo, tests)",
     )
     health_scenario_s: float = Field(0.0, ge=0, description="Simulate: the scenario second the fake NVML shows")
     health_publish: bool = Field(True, description="Publish each result to the health topic")

@@ -31,7 +31,8 @@ from opentelemetry.sdk.resources import Resource
 from gpuwarden.shared.models import AttributedEvent, AttributedSample, Failure, NodeState, Remediation
 
 from .dcgm import DCGM_METRICS, DcgmSpec, dcgm_attributes
-from .direct import DirectMetricExporter, MetricEncoder, Transport
+from .direct import DirectMetricExporter, Transport
+from .encoder import MetricEncoder
 from .exporters import AdmittingLogRecordProcessor, CountingLogExporter
 from .logs import LogFields, event_log, failure_log, node_state_log, remediation_log
 from .metrics import (

@@ -1,3 +1,5 @@
+# Over 500 lines: one unit, the encoder and the in-place update state it keeps between exports (request
+# plans, series keys, cached point bytes) change together; the transports and the exporter loop are apart.
 """The fast OTLP metric path's encoder (pure): a latest-value store snapshot as
 ``opentelemetry.proto`` ``ExportMetricsServiceRequest`` messages, kept between exports and
 updated in place.

@@ -33,7 +33,7 @@ from opentelemetry.sdk.metrics.export import (
 )
 
 from .dcgm import DCGM_METRICS
-from .direct import GrpcMetricTransport, HttpMetricTransport, Transport
+from .direct import Transport
 from .settings import OtlpBridgeSettings, parse_key_values
 
 __all__ = [
@@ -86,6 +86,8 @@ def build_otlp_exporters(settings: OtlpBridgeSettings) -> OtlpExporters:
     metric_exporter: object | None = None
     transports: list[Transport] = []
     log_exporter: LogRecordExporter
+    from .transports import GrpcMetricTransport, HttpMetricTransport  # grpcio: only when exporting
+
     if settings.otlp_bridge_protocol == "grpc":
         import grpc
         from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as GrpcLogs

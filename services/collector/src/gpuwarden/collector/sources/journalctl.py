@@ -41,8 +41,9 @@ class PopenLines:
 
     def _pump(self) -> None:
         assert self._p.stdout is not None
-        for line in self._p.stdout:
-            self._q.put(line.rstrip("\n"))
+        with self._p.stdout:  # closed at EOF (the process ended), by the only thread reading it
+            for line in self._p.stdout:
+                self._q.put(line.rstrip("\n"))
 
     @property
     def returncode(self) -> int | None:
