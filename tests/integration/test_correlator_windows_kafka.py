@@ -234,6 +234,7 @@ async def test_open_windows_survive_a_worker_crash_after_a_commit(
     await wait_for(
         lambda: asyncio.run(_committed(kafka_bootstrap, group, t("gpu.samples"))) >= 7, "the samples committed", [a]
     )
+    committed_before_kill = await _committed(kafka_bootstrap, group, t("gpu.samples"))
     os.killpg(a.pid, signal.SIGKILL)  # no graceful stop: no final commit, no flush
     a.wait(10)
 
@@ -245,12 +246,20 @@ async def test_open_windows_survive_a_worker_crash_after_a_commit(
         lambda: metric(port_b, "gpuwarden_messages_out_total", "job.windows") >= 2, "the first window", [b], 120
     )
     wins = await read_windows(kafka_bootstrap, t("job.windows"), 2)
+    # what worker b saw, for the failure message (a lost reading was seen once in CI: 9 of 10)
+    seen = {
+        "committed before the kill": committed_before_kill,
+        "b: gpu.samples in": metric(port_b, "gpuwarden_messages_in_total", "gpu.samples"),
+        "b: allocations in": metric(port_b, "gpuwarden_messages_in_total", "allocations"),
+        "b: late samples": metric(port_b, "gpuwarden_late_samples"),
+        "windows": [(w.gpu_index, w.samples, w.memory_used_mib_first, w.memory_used_mib_last) for _, w in wins],
+    }
     assert sorted((k, w.job_id, w.gpu_index, w.window_start, w.samples) for k, w in wins) == [
         (b"2002", "2002", 0, T0, 10),
         (b"2002", "2002", 1, T0, 10),
-    ]
+    ], seen
     w0 = next(w for _, w in wins if w.gpu_index == 0)
-    assert (w0.memory_used_mib_first, w0.memory_used_mib_last, w0.utilization_gpu_pct_mean) == (0.0, 900.0, 4.5)
+    assert (w0.memory_used_mib_first, w0.memory_used_mib_last, w0.utilization_gpu_pct_mean) == (0.0, 900.0, 4.5), seen
     workers.stop(b)
 
 
