@@ -115,6 +115,15 @@ async def test_agents_join_samples_and_events_with_the_table(sent: list[tuple[st
     async with app.agents["correlate-allocations"].test_context() as agent:
         await agent.put(alloc[2], key=NODE.encode())
     assert set(app.allocations_table.get(NODE)) == {"1001"}
+    # the allocations table is changelogged in batches too, with a delivery check: not through
+    # faust's own buffer, whose flush gives up after 0.1 s
+    allocations_changelog = app.allocations_table.changelog_topic.get_topic_name()
+    assert list(app.allocations_store.dirty) == [NODE]
+    assert not [x for x in sent if x[0] == allocations_changelog]
+    app.sensors.on_commit_initiated(app.consumer)
+    assert [(k, orjson.loads(v)) for _p, k, v in app.allocations_store.unsent] == [
+        (orjson.dumps(NODE), app.allocations_table.get(NODE))
+    ]
 
     s = NodeSample(node=NODE, ts=11, collector_id="c", source="simulated", gpus=[GpuSample(index=i) for i in range(4)])
     async with app.agents["correlate-gpu.samples"].test_context() as agent:

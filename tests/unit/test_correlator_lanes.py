@@ -83,7 +83,7 @@ async def test_window_snapshots_reach_the_producer_in_order_before_its_flush_ret
     """The changelog records of the windows table are appended by the producer flush faust
     awaits before it commits offsets (not left in faust's buffer), oldest first, also when two
     flushes overlap."""
-    from gpuwarden.correlator.app import WindowTableStore
+    from gpuwarden.correlator.app import BatchedTableStore
 
     class Producer:
         def __init__(self) -> None:
@@ -96,7 +96,7 @@ async def test_window_snapshots_reach_the_producer_in_order_before_its_flush_ret
 
     app = create_app(settings(), partitions=2)
     store = app.windows_store
-    assert isinstance(store, WindowTableStore)
+    assert isinstance(store, BatchedTableStore)
     p = Producer()
     app.windows_table.data["n1"] = {"v": 2, "wm": 1.0, "w": {}}
     store.dirty = {"n1": 1}
@@ -123,3 +123,53 @@ def test_bench_cpu_figures() -> None:
     assert mine is not None and mine > 0
     assert cpu_seconds(2**22 + 12345) is None  # no such process (above the default pid_max)
     assert RunResult(rate=1.0, cpu_s=11.0, per_worker=[]).cpu_per_1000(200_000) == pytest.approx(0.055)
+
+
+async def test_a_window_snapshot_not_delivered_fails_the_commit_and_is_sent_again() -> None:
+    """Offsets are committed only after the producer flush: a snapshot whose delivery failed
+    (or whose hand-over raised) must make that flush fail and go out again with the next one,
+    never be dropped while the commit goes ahead."""
+    from gpuwarden.correlator.app import BatchedTableStore, ChangelogNotWritten
+
+    class Producer:
+        def __init__(self) -> None:
+            self.got: list[bytes] = []
+            self.fail_delivery: set[bytes] = set()
+            self.refuse: set[bytes] = set()
+
+        async def send(self, topic: str, key: bytes, value: bytes, partition: int, *_: Any) -> Any:
+            if value in self.refuse:
+                raise RuntimeError("buffer full")
+            self.got.append(value)
+            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            if value in self.fail_delivery:
+                fut.set_exception(RuntimeError("NotEnoughReplicas"))
+            else:
+                fut.set_result(None)
+            return fut
+
+    app = create_app(settings(), partitions=2)
+    store = app.windows_store
+    assert isinstance(store, BatchedTableStore)
+    p = Producer()
+    for n in ("n1", "n2", "n3"):
+        app.windows_table.data[n] = {"v": 2, "wm": 1.0, "w": {}, "n": n}
+    store.dirty = {"n1": 0, "n2": 1, "n3": 0}
+    store.flush()
+    v1, v2, v3 = (r[2] for r in store.unsent)
+    p.fail_delivery = {v2}
+    assert await store.send_unsent(p) == 3
+    with pytest.raises(ChangelogNotWritten, match="1 window snapshot"):
+        await store.check_delivered()
+    assert [r[2] for r in store.unsent] == [v2]  # back in line, the others were delivered
+    p.fail_delivery = set()
+    assert await store.send_unsent(p) == 1
+    await store.check_delivered()  # delivered now: the commit may go ahead
+    assert p.got == [v1, v2, v3, v2] and store.unsent == []
+    # a hand-over that raises keeps that record and the ones after it, in order
+    store.dirty = {"n1": 0, "n2": 1, "n3": 0}
+    store.flush()
+    p.refuse = {v2}
+    with pytest.raises(RuntimeError, match="buffer full"):
+        await store.send_unsent(p)
+    assert [r[2] for r in store.unsent] == [v2, v3]

@@ -12,10 +12,12 @@ Topology (docs/architecture.md#correlation-topology)::
 partition count and the same (murmur2) partitioner, so the table partition holding a
 node's allocations is processed by the worker that gets that node's samples.
 
-The open-windows table is written to its changelog in batches (:class:`WindowTableStore`):
-a node's state is kept in the table's local store on every sample and sent to the changelog
-once per commit, when the commit starts (before faust takes the offsets to commit and flushes
-the producer), so the changelog always holds at least everything the committed offsets cover.
+Both tables (allocations and open windows) are written to their changelogs in batches
+(:class:`BatchedTableStore`): a node's value is kept in the table's local store on every write
+and sent to the changelog once per commit, when the commit starts (before faust takes the
+offsets to commit and flushes the producer), and the flush faust awaits before committing
+checks their delivery, so the changelogs always hold at least everything the committed offsets
+cover.
 
 Agents only move bytes: every decision is in :class:`~gpuwarden.correlator.core.Correlator`.
 Values use faust's ``raw`` serializer and are decoded by the correlator itself, so a
@@ -47,10 +49,10 @@ from .settings import CorrelatorSettings
 
 __all__ = [
     "LANES",
+    "BatchedTableStore",
+    "ChangelogNotWritten",
     "CorrelatorApp",
     "CorrelatorService",
-    "TableStore",
-    "WindowTableStore",
     "broker_urls",
     "create_app",
     "discover_partitions",
@@ -68,27 +70,9 @@ LANES: dict[str, tuple[str, ...]] = {
 }
 
 
-class TableStore:
-    """:class:`~gpuwarden.correlator.core.AllocationStore` over a faust Table.
-
-    Writes must happen while the agent processes an event of a co-partitioned topic
-    (faust sends the change to the changelog partition of the current event).
-    """
-
-    def __init__(self, table: Any) -> None:
-        self.table = table
-
-    def get(self, node: str) -> dict[str, Any] | None:
-        value: dict[str, Any] | None = self.table.get(node)
-        return value
-
-    def set(self, node: str, value: dict[str, Any]) -> None:
-        self.table[node] = value
-
-
-class WindowTableStore:
-    """:class:`~gpuwarden.correlator.core.AllocationStore` over the open-windows faust Table,
-    changelogged in batches instead of on every write.
+class BatchedTableStore:
+    """:class:`~gpuwarden.correlator.core.AllocationStore` over a faust Table (the allocations
+    or the open windows), changelogged in batches instead of on every write.
 
     ``set`` puts the value in the table's local store only and marks the node dirty, with the
     partition of the event being processed (the node's partition: the table is co-partitioned
@@ -96,7 +80,8 @@ class WindowTableStore:
     state at that moment. The app calls it when a commit starts (:class:`_FlushOnCommit`): faust
     takes the offsets to commit right after, then flushes the producer before committing them;
     the app's producer flush first appends the snapshots to the producer (:meth:`send_unsent`)
-    and then waits for their delivery, so every sample the committed offsets cover is in the
+    and then waits for their delivery (:meth:`check_delivered`: a snapshot that was not
+    acknowledged fails the commit), so every sample the committed offsets cover is in the
     changelog; samples processed later are redelivered after a crash and the windows ignore
     readings they already hold. Dirty nodes of revoked partitions are dropped (:meth:`drop`):
     nothing of theirs was committed since the last flush, so the partition's next owner
@@ -117,6 +102,8 @@ class WindowTableStore:
         #: (partition, key bytes, value bytes) snapshotted by :meth:`flush`, not yet appended to
         #: the producer, oldest first.
         self.unsent: list[tuple[int, bytes, bytes]] = []
+        #: records handed to the producer whose delivery :meth:`check_delivered` has not yet seen.
+        self._in_flight: list[tuple[tuple[int, bytes, bytes], asyncio.Future[Any]]] = []
         self._sending = asyncio.Lock()
 
     def get(self, node: str) -> dict[str, Any] | None:
@@ -158,9 +145,39 @@ class WindowTableStore:
             if not batch:
                 return 0
             name = self.table.changelog_topic.get_topic_name()
-            for partition, key, value in batch:
-                await producer.send(name, key, value, partition, None, None)
+            for i, record in enumerate(batch):
+                partition, key, value = record
+                try:
+                    fut = await producer.send(name, key, value, partition, None, None)
+                except BaseException:
+                    self.unsent = batch[i:] + self.unsent  # not handed over: first in line next time
+                    raise
+                if isinstance(fut, asyncio.Future):
+                    self._in_flight.append((record, fut))
             return len(batch)
+
+    async def check_delivered(self) -> None:
+        """After the producer's flush (before offsets are committed): wait for every snapshot
+        handed to the producer to be acknowledged.
+
+        Raises:
+            ChangelogNotWritten: one was not delivered; those records go back first in line
+                (the next flush sends them again) and the commit fails, so the offsets never
+                get ahead of the changelog.
+        """
+        in_flight, self._in_flight = self._in_flight, []
+        if not in_flight:
+            return
+        await asyncio.gather(*(f for _, f in in_flight), return_exceptions=True)
+        failed = [(r, f) for r, f in in_flight if f.cancelled() or f.exception() is not None]
+        if failed:
+            self.unsent = [r for r, _ in failed] + self.unsent
+            _, f = failed[0]
+            cause = None if f.cancelled() else f.exception()
+            raise ChangelogNotWritten(
+                f"{len(failed)} window snapshot(s) not delivered to {self.table.changelog_topic.get_topic_name()}: "
+                f"{cause!r}; offsets not committed"
+            ) from cause
 
     def drop(self, partitions: Collection[int]) -> None:
         """Forget dirty nodes of ``partitions`` (revoked: their next owner reprocesses them)."""
@@ -168,28 +185,37 @@ class WindowTableStore:
             self.dirty = {n: p for n, p in self.dirty.items() if p not in partitions}
 
 
-class _FlushOnCommit(faust.Sensor):
-    """Flushes a :class:`WindowTableStore` when a consumer commit starts (synchronously, before
-    faust reads the acked offsets it is about to commit)."""
+class ChangelogNotWritten(RuntimeError):
+    """A window snapshot was not delivered to the changelog: the commit must not go ahead."""
 
-    def __init__(self, store: WindowTableStore) -> None:
+
+class _FlushOnCommit(faust.Sensor):
+    """Flushes the :class:`BatchedTableStore` s when a consumer commit starts (synchronously,
+    before faust reads the acked offsets it is about to commit)."""
+
+    def __init__(self, stores: list[BatchedTableStore]) -> None:
         super().__init__()
-        self.store = store
+        self.stores = stores
 
     def on_commit_initiated(self, consumer: Any) -> Any:
-        self.store.flush()
+        for store in self.stores:
+            store.flush()
         return None
 
 
-def _send_changelog_on_flush(app: faust.App, store: WindowTableStore) -> None:
+def _send_changelog_on_flush(app: faust.App, stores: list[BatchedTableStore]) -> None:
     """Make the app's producer ``flush()`` (before faust commits offsets, on revocation and on
-    stop) append the window snapshots first, then wait for delivery of everything."""
+    stop) append the tables' snapshots first, then wait for delivery of everything, then check
+    that every snapshot was acknowledged (else the flush, and so the commit, fails)."""
     producer = app.producer
     flush = producer.flush
 
     async def flush_with_changelog() -> None:
-        await store.send_unsent(producer)
+        for store in stores:
+            await store.send_unsent(producer)
         await flush()
+        for store in stores:
+            await store.check_delivered()
 
     producer.flush = flush_with_changelog  # type: ignore[method-assign]
 
@@ -201,7 +227,8 @@ class CorrelatorApp(faust.App):
     allocations_table: Any
     #: The open-windows table and its store; None on the events lane (it windows nothing).
     windows_table: Any
-    windows_store: WindowTableStore | None
+    windows_store: BatchedTableStore | None
+    allocations_store: BatchedTableStore
     first_output_at: float | None = None
 
 
@@ -273,7 +300,12 @@ def create_app(
         help="node -> {job id: allocation}",
         extra_topic_configs=changelog_configs,
     )
-    windows_store: WindowTableStore | None = None
+    allocations_store = BatchedTableStore(table)
+    stores = [allocations_store]
+    #: the topics whose messages write each store (co-partitioned: a partition number is the same
+    #: node set in all of them), for dropping dirty nodes of revoked partitions
+    writers = {allocations_store: {settings.topic(t) for t in ("allocations", "gpu.samples", "gpu.events")}}
+    windows_store: BatchedTableStore | None = None
     windows_table: Any = None
     if settings.correlator_lane != "events":
         windows_table = app.Table(
@@ -284,20 +316,22 @@ def create_app(
             help="node -> {watermark, open (job, gpu, window) accumulators}",
             extra_topic_configs=changelog_configs,
         )
-        store = windows_store = WindowTableStore(windows_table)
-        app.sensors.add(_FlushOnCommit(store))
-        _send_changelog_on_flush(app, store)
-        samples_topic = settings.topic("gpu.samples")
+        windows_store = BatchedTableStore(windows_table)
+        stores.append(windows_store)
+        writers[windows_store] = {settings.topic("gpu.samples")}
+    app.sensors.add(_FlushOnCommit(stores))
+    _send_changelog_on_flush(app, stores)
 
-        def _drop_revoked(sender: Any, *args: Any, signal: Any = None, **_: Any) -> None:
-            revoked = args[0] if args else ()  # faust sends the revoked TopicPartitions
-            store.drop({tp.partition for tp in revoked if tp.topic == samples_topic})
+    def _drop_revoked(sender: Any, *args: Any, signal: Any = None, **_: Any) -> None:
+        revoked = args[0] if args else ()  # faust sends the revoked TopicPartitions
+        for store, topics in writers.items():
+            store.drop({tp.partition for tp in revoked if tp.topic in topics})
 
-        # (mode's stubs type receivers narrower than what it calls them with: (sender, *args, signal=...))
-        app.on_partitions_revoked.connect(cast(Any, _drop_revoked))
+    # (mode's stubs type receivers narrower than what it calls them with: (sender, *args, signal=...))
+    app.on_partitions_revoked.connect(cast(Any, _drop_revoked))
 
     core = Correlator(
-        TableStore(table),
+        allocations_store,
         settings.topic,
         settings.correlator_retention_s,
         metrics or ServiceMetrics("correlator"),
@@ -308,6 +342,7 @@ def create_app(
     )
     app.core = core
     app.allocations_table = table
+    app.allocations_store = allocations_store
     app.windows_table = windows_table
     app.windows_store = windows_store
     names = {s: settings.topic(s) for s in OUTPUT_TOPICS}
