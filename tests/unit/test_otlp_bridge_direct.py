@@ -623,6 +623,42 @@ def test_grpc_transport_sends_headers_and_compresses() -> None:
         assert b.export_stats()["points_exported"] > 0
 
 
+def test_http_transport_reads_partial_success() -> None:
+    """A 200 answer whose ExportMetricsServiceResponse rejects points: send returns how many."""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
+
+    answer = ExportMetricsServiceResponse()
+    answer.partial_success.rejected_data_points = 3
+    answer.partial_success.error_message = "3 points out of range"
+    body = answer.SerializeToString()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        t = HttpMetricTransport(endpoint=f"http://127.0.0.1:{server.server_port}/v1/metrics", timeout=5)
+        store = LatestStore(clock=lambda: NOW)
+        store.update_sample(sample(jobs=[]))
+        [(req, _n)], _ = MetricEncoder(Resource({}), "s", "1").encode(store.views())
+        assert t.send(req) == 3 and t.attempts == 1
+        assert t.send(req) == 3 and t.rejected == 6
+        t.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_http_transport_posts_gzip_protobuf() -> None:
     got: list[tuple[Any, bytes]] = []  # headers: case-insensitive (the exporter sends them lower-case)
 

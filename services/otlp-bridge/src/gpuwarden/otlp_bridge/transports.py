@@ -12,7 +12,10 @@ from typing import Any
 
 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as _GrpcExporter
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as _HttpExporter
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
 from opentelemetry.sdk.metrics.export import MetricExportResult
 
 from .encoder import count_points
@@ -72,25 +75,45 @@ class HttpMetricTransport(_HttpExporter):
     exporter package's ``OTLPMetricExporter`` (session, TLS files, headers, gzip/deflate,
     retry with exponential backoff on 429/502/503/504 and connection errors within
     ``timeout`` seconds per request), fed already-built requests. Arguments are the
-    exporter's. The HTTP exporter does not read partial success: ``send`` returns 0 rejected."""
+    exporter's. The exporter itself ignores the response body; this reads its partial success
+    (``ExportMetricsServiceResponse.partial_success.rejected_data_points`` of a 200 answer), as
+    the gRPC transport does, so ``send`` returns the points the receiver rejected."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.attempts = 0
+        self.rejected = 0
         self.url = self._endpoint
         transport = self._client._transport
         request = transport.request
 
         def counted(*a: Any, **k: Any) -> Any:
             self.attempts += 1
-            return request(*a, **k)
+            result = request(*a, **k)
+            if getattr(result, "status_code", None) == 200:
+                self.rejected += _rejected_points(result)
+            return result
 
         transport.request = counted  # type: ignore[method-assign]
 
     def send(self, request: ExportMetricsServiceRequest) -> int | None:
         if self._shutdown:
             return None
-        return 0 if self._export_batch(request) is MetricExportResult.SUCCESS else None
+        before = self.rejected
+        ok = self._export_batch(request) is MetricExportResult.SUCCESS
+        return self.rejected - before if ok else None
 
     def close(self) -> None:
         self.shutdown()
+
+
+def _rejected_points(result: Any) -> int:
+    """Rejected data points of an OTLP/HTTP 200 answer (its body, an ``ExportMetricsServiceResponse``
+    in binary protobuf; empty or not protobuf, e.g. JSON from some receivers: 0)."""
+    try:
+        body = result.content()
+        if not body:
+            return 0
+        return int(ExportMetricsServiceResponse.FromString(body).partial_success.rejected_data_points)
+    except Exception:  # a body that is not the response message: nothing known to be rejected
+        return 0
