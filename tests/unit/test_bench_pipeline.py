@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from gpuwarden.sim.bench.figures import LagSeries, percentile, rate, ratio, summarise_latencies
+from gpuwarden.sim.bench.figures import (
+    BenchResult,
+    LagSeries,
+    cpu_budget,
+    machine_cores,
+    percentile,
+    rate,
+    ratio,
+    report,
+    summarise_latencies,
+)
 
 
 def test_percentile_interpolates_and_handles_edges() -> None:
@@ -55,3 +65,58 @@ def test_lag_series() -> None:
     assert ls.lag_at(2.5) == 10.0
     assert ls.lag_at(0.5) is None
     assert ls.committed[-1] == (3.0, 250.0)
+
+
+def _result_with_cpu() -> BenchResult:
+    """A 100-node x 8-GPU run at 1 Hz (800 GPU samples/s offered), measured from t=10 to t=20."""
+    res = BenchResult(nodes=100, gpus=8, hz=1.0, services=["correlator", "detector", "remediator"], cores=2)
+    res.t_measure = (10.0, 20.0)
+    # committed node samples: the correlator 50/s (400 GPU samples/s), the detector 25/s
+    for svc, per_s in (("correlator", 50), ("detector", 25)):
+        for t in (10.0, 20.0):
+            res.series.setdefault(svc, LagSeries()).add(t, end=10_000, committed=int(per_s * t))
+    # CPU s used so far: two correlator workers 0.2 + 0.2 cores, detector 0.5, remediator 0.1,
+    # broker 0.3; the load generator sampled once only (no rate)
+    for proc, cores in (("correlator", 0.2), ("correlator-2", 0.2), ("detector", 0.5), ("remediator", 0.1)):
+        res.cpu[proc] = [(10.0, 100.0), (20.0, 100.0 + 10 * cores)]
+    res.cpu["broker"] = [(10.0, 5.0), (20.0, 8.0)]
+    res.cpu["load"] = [(20.0, 1.0)]
+    res.kinds = {"correlator": "correlator", "correlator-2": "correlator", "detector": "detector"}
+    return res
+
+
+def test_cpu_budget_scales_sample_stages_to_the_offered_rate() -> None:
+    lines = cpu_budget(_result_with_cpu())
+    assert len(lines) == 2
+    # correlator: 0.4 cores / 400 GPU samples/s = 1 ms per GPU sample = 1,000 ms per 1,000
+    assert "correlator 1000.0 ms (2 workers)" in lines[0]
+    # detector: 0.5 / 200 = 2.5 ms per GPU sample
+    assert "detector 2500.0 ms (1 worker)" in lines[0]
+    assert "remediator" not in lines[0] and "broker" not in lines[0]
+    # at 800 GPU samples/s: correlator 0.8 cores, detector 2.0, remediator 0.1 and broker 0.3 as measured
+    assert "offered 800 GPU samples/s" in lines[1]
+    assert "correlator 0.80" in lines[1] and "detector 2.00" in lines[1]
+    assert "remediator 0.10" in lines[1] and "broker 0.30" in lines[1]
+    assert "load" not in lines[1]  # one sample: no rate, left out rather than guessed
+    assert "total >= 3.20" in lines[1] and "this machine has 2" in lines[1]
+
+
+def test_cpu_budget_is_empty_without_committed_samples() -> None:
+    res = _result_with_cpu()
+    res.series = {}
+    assert cpu_budget(res) == []
+    res = _result_with_cpu()
+    res.cpu = {}
+    assert cpu_budget(res) == []
+
+
+def test_report_keeps_its_summary_lines_and_adds_the_budget() -> None:
+    lines = report(_result_with_cpu())
+    assert any(line.startswith("pipeline (min of correlator, detector): ") for line in lines)
+    assert any(line.startswith("cpu (cores used during the measured window, of ") for line in lines)
+    assert any(line.startswith("cores needed at the offered ") for line in lines)
+
+
+def test_machine_cores_is_positive() -> None:
+    n = machine_cores()
+    assert n is None or n >= 1

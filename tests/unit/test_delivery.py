@@ -201,3 +201,72 @@ def test_replication_plan() -> None:
         replication_plan(1, 3)
     with pytest.raises(ValueError, match=r"min\.insync"):
         replication_plan(3, 3, 4)
+
+
+class OneBatchConsumer:
+    """The aiokafka consumer surface :meth:`Consumer.run` uses, serving one batch then nothing."""
+
+    def __init__(self, records: list[Any], tp: Any) -> None:
+        self.batches = [{tp: records}]
+        self.tp = tp
+        self.committed: dict[Any, int] = {}
+
+    async def getmany(self, timeout_ms: int, max_records: int) -> dict[Any, list[Any]]:
+        if self.batches:
+            return self.batches.pop()
+        await asyncio.sleep(timeout_ms / 1000)
+        return {}
+
+    def assignment(self) -> set[Any]:
+        return {self.tp}
+
+    def highwater(self, tp: Any) -> int | None:
+        return None
+
+    async def commit(self, offsets: dict[Any, int]) -> None:
+        self.committed.update(offsets)
+
+
+async def test_a_long_batch_gives_the_loop_to_other_lanes_while_it_runs() -> None:
+    """A handler that never suspends (the detector's sample path) must not hold the event loop for
+    a whole batch: another lane in the process (the event lane) runs between its records."""
+    import time as _time
+
+    from aiokafka import TopicPartition
+
+    s = BusSettings(topic_prefix="p.")
+    tp = TopicPartition("p.gpu.samples", 0)
+    n = 100
+    records = [
+        SimpleNamespace(value=sample(i).to_json(), key=b"n1", partition=0, offset=i, topic=tp.topic) for i in range(n)
+    ]
+    done = 0
+
+    async def handler(topic: str, value: BaseModel, rec: Any) -> None:
+        nonlocal done
+        t_end = _time.monotonic() + 0.001  # 1 ms of CPU per record, no await that suspends
+        while _time.monotonic() < t_end:
+            pass
+        done += 1
+
+    c = Consumer(s, "detector", ["gpu.samples"], "g", handler, MemoryPublisher(), ServiceMetrics("t"))  # type: ignore[arg-type]
+    fake = OneBatchConsumer(records, tp)
+    c._consumer = fake  # type: ignore[assignment]
+    progress_seen: list[int] = []
+
+    async def other_lane() -> None:
+        while done < n:
+            progress_seen.append(done)
+            await asyncio.sleep(0)
+
+    runner = asyncio.create_task(c.run())
+    lane = asyncio.create_task(other_lane())
+    while fake.committed.get(tp) != n:
+        await asyncio.sleep(0.01)
+    c.request_stop()
+    await asyncio.wait_for(runner, 5)
+    await lane
+    # the batch took >= 100 ms; the other lane got the loop every <= 5 ms of it, mid-batch
+    mid_batch = {d for d in progress_seen if 0 < d < n}
+    assert len(mid_batch) >= 5, progress_seen[:20]
+    assert c.handled == n

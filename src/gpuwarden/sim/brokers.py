@@ -159,6 +159,13 @@ class ApacheKafka:
                 return self.bootstrap_servers
         raise BrokerError(f"deploy/kafka.sh printed no bootstrap address: {out.stdout!r}")
 
+    def pid(self) -> int | None:
+        """The broker's process id (``kafka.pid`` that ``deploy/kafka.sh`` writes), None before start."""
+        try:
+            return int((self.workdir / "kafka.pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
+
     def stop(self) -> None:
         subprocess.run(
             ["bash", str(self.script), "stop", str(self.workdir)], check=False, capture_output=True, timeout=60

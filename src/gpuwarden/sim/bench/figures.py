@@ -16,7 +16,9 @@ from typing import Any
 __all__ = [
     "BenchResult",
     "LagSeries",
+    "cpu_budget",
     "cpu_seconds",
+    "machine_cores",
     "percentile",
     "rate",
     "ratio",
@@ -135,8 +137,70 @@ class BenchResult:
     profile: str | None = None
     #: service -> largest resident set size seen during the run, MiB (sampled every second).
     rss_mib: dict[str, float] = field(default_factory=dict)
-    #: service (and "load") -> (time, CPU s used so far), sampled every second.
+    #: process (a service's worker, "load", "broker") -> (time, CPU s used so far), sampled every second.
     cpu: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    #: process name -> the service it is a worker of ("correlator-2" -> "correlator"); a name
+    #: missing here is its own service.
+    kinds: dict[str, str] = field(default_factory=dict)
+    #: cores this process may run on (None: unknown).
+    cores: int | None = None
+
+    def kind(self, process: str) -> str:
+        return self.kinds.get(process, process)
+
+
+def machine_cores() -> int | None:
+    """Cores this process may run on (its CPU affinity; ``os.cpu_count()`` where that is unknown)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
+
+
+#: Services whose work grows with the GPU samples they commit (the ones scaled to the offered rate
+#: by :func:`cpu_budget`); the others (events lane, remediator, load, broker) count as measured.
+SAMPLE_STAGES = ("correlator", "detector", "otlp-bridge")
+
+
+def cpu_budget(res: BenchResult) -> list[str]:
+    """Two lines: each sample stage's CPU per 1,000 GPU samples it committed in the measured
+    window (ms, all its workers together), and the cores the path needs at the offered rate:
+    the sample stages scaled from that cost, everything else (events lane, remediator, load
+    generator, broker) as measured, so the total is a lower bound (the broker's work grows with
+    the samples too). Empty when the CPU or the committed offsets were not sampled."""
+    t0, t1 = res.t_measure
+    used: dict[str, float] = {}
+    workers: dict[str, int] = {}
+    for proc, points in res.cpu.items():
+        c = rate(points, t0, t1)
+        if c is None:
+            continue
+        k = res.kind(proc)
+        used[k] = used.get(k, 0.0) + c
+        workers[k] = workers.get(k, 0) + 1
+    committed = {svc: rate(s.committed, t0, t1) for svc, s in res.series.items()}
+    offered = res.nodes * res.gpus * res.hz
+    costs: list[str] = []
+    need: dict[str, float] = {}
+    for k, cores in used.items():
+        r = committed.get(k)
+        if k in SAMPLE_STAGES and r:
+            per_sample = cores / (r * res.gpus)  # CPU-s per GPU sample
+            n = workers[k]
+            costs.append(f"{k} {per_sample * 1e6:.1f} ms ({n} worker{'s' if n != 1 else ''})")
+            need[k] = per_sample * offered
+        else:
+            need[k] = cores
+    if not costs:
+        return []
+    total = sum(need.values())
+    have = "n/a" if res.cores is None else str(res.cores)
+    parts = ", ".join(f"{k} {v:.2f}" for k, v in need.items())
+    return [
+        f"cpu per 1,000 GPU samples committed (measured window): {', '.join(costs)}",
+        f"cores needed at the offered {offered:,.0f} GPU samples/s: {parts}; total >= {total:.2f} "
+        f"(sample stages scaled by their cost, the rest as measured), this machine has {have}",
+    ]
 
 
 def _fmt(x: float | None, unit: str = "", spec: str = ",.0f") -> str:
@@ -193,6 +257,7 @@ def report(res: BenchResult) -> list[str]:
         cores = {k: rate(v, t0, t1) for k, v in res.cpu.items()}
         used = ", ".join(f"{k} {v:.2f}" for k, v in cores.items() if v is not None)
         lines.append(f"cpu (cores used during the measured window, of {os.cpu_count()}): {used}")
+        lines += cpu_budget(res)
     if res.rss_mib:
         mem = ", ".join(f"{k} {v:,.0f} MiB" for k, v in res.rss_mib.items())
         lines.append(f"memory (largest RSS during the run, {res.nodes:,} nodes): {mem}")

@@ -54,6 +54,7 @@ from gpuwarden.sim.bench.figures import (
     BenchResult,
     LagSeries,
     cpu_seconds,
+    machine_cores,
     percentile,
     rate,
     ratio,
@@ -154,12 +155,19 @@ class BrokerKind(StrEnum):
 
 
 def _service_env(
-    base: dict[str, str], name: str, group: str, workdir: Path, scenario: Path, lanes: bool = False
+    base: dict[str, str],
+    name: str,
+    group: str,
+    workdir: Path,
+    scenario: Path,
+    lanes: bool = False,
+    process: str | None = None,
 ) -> dict[str, str]:
-    """``lanes``: the correlator runs as a samples worker and an events worker."""
+    """``lanes``: the correlator runs as a samples worker and an events worker; ``process``: the
+    worker's name (``correlator-2``), default ``name``."""
     env = {**base, "GPUWARDEN_CONSUMER_GROUP": group}
     if name in ("correlator", "correlator-events"):
-        env["GPUWARDEN_CORRELATOR_DATADIR"] = str(workdir / name)
+        env["GPUWARDEN_CORRELATOR_DATADIR"] = str(workdir / (process or name))
     if name == "correlator-events":
         # the events lane: same group name, its app id (and Kafka group) is "<group>-events"
         env["GPUWARDEN_CORRELATOR_LANE"] = "events"
@@ -196,8 +204,20 @@ def _spawn(name: str, argv: list[str], env: dict[str, str], log: Path) -> Servic
 
 
 class _Bench:
-    def __init__(self, bootstrap: str, res: BenchResult, workdir: Path, job_nodes: int, profile: bool) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        res: BenchResult,
+        workdir: Path,
+        job_nodes: int,
+        profile: bool,
+        workers: dict[str, int] | None = None,
+        broker_pid: int | None = None,
+    ) -> None:
         self.bootstrap = bootstrap
+        #: service -> how many processes run it (one consumer group: its partitions are split).
+        self.workers = workers or {}
+        self.broker_pid = broker_pid
         self.res = res
         self.workdir = workdir
         self.job_nodes = job_nodes
@@ -248,13 +268,16 @@ class _Bench:
             "otlp-bridge": "gpuwarden.otlp_bridge",
             "remediator": "gpuwarden.remediator",
         }
+        lanes = "correlator-events" in self.res.services
         for name in self.res.services:
-            argv = ["-m", modules[name]]
-            if name == "correlator" and self.profile:
-                argv = ["-m", "cProfile", "-o", str(self.workdir / "correlator.prof"), "-m", modules[name]]
-            lanes = "correlator-events" in self.res.services
-            env = _service_env(base, name, self.groups[name], self.workdir, scenario, lanes)
-            self.procs.append(_spawn(name, argv, env, self.workdir / "logs" / f"{name}.log"))
+            for i in range(self.workers.get(name, 1)):
+                proc = name if i == 0 else f"{name}-{i + 1}"
+                self.res.kinds[proc] = name
+                argv = ["-m", modules[name]]
+                if proc == "correlator" and self.profile:
+                    argv = ["-m", "cProfile", "-o", str(self.workdir / "correlator.prof"), "-m", modules[name]]
+                env = _service_env(base, name, self.groups[name], self.workdir, scenario, lanes, proc)
+                self.procs.append(_spawn(proc, argv, env, self.workdir / "logs" / f"{proc}.log"))
         await wait_healthy(self.procs, 180)
 
     async def publish_jobs(self) -> None:
@@ -305,9 +328,10 @@ class _Bench:
                     cpu = cpu_seconds(sp.proc.pid) if sp.proc is not None else None
                     if cpu is not None:
                         self.res.cpu.setdefault(sp.name, []).append((now, cpu))
-                cpu = cpu_seconds(self.load_pid) if self.load_pid else None
-                if cpu is not None:
-                    self.res.cpu.setdefault("load", []).append((now, cpu))
+                for extra, pid in (("load", self.load_pid), ("broker", self.broker_pid)):
+                    cpu = cpu_seconds(pid) if pid else None
+                    if cpu is not None:
+                        self.res.cpu.setdefault(extra, []).append((now, cpu))
                 end_by_topic = {}
                 for short, tps in parts.items():
                     eo = await ends.end_offsets(tps)
@@ -434,10 +458,13 @@ async def _run(
     job_nodes: int,
     profile: bool,
     echo: Any,
+    workers: dict[str, int] | None = None,
+    broker_pid: int | None = None,
 ) -> None:
-    b = _Bench(bootstrap, res, workdir, job_nodes, profile)
+    b = _Bench(bootstrap, res, workdir, job_nodes, profile, workers, broker_pid)
     await create_topics(bootstrap, b.prefix)
-    echo(f"topics {b.prefix}*; starting {', '.join(res.services)}")
+    many = ", ".join(f"{n} x{k}" for n, k in (workers or {}).items() if k > 1)
+    echo(f"topics {b.prefix}*; starting {', '.join(res.services)}" + (f" ({many} workers)" if many else ""))
     ctx = mp.get_context("spawn")
     load: Any = None
     sent, behind = ctx.Value("q", 0), ctx.Value("d", 0.0)
@@ -519,6 +546,15 @@ def pipeline(
             "wait behind samples); --no-events-lane: one worker for everything"
         ),
     ] = True,
+    correlator_workers: Annotated[
+        int,
+        typer.Option(
+            min=1, help="Correlator (samples) workers, one consumer group: the partitions are split between them"
+        ),
+    ] = 1,
+    detector_workers: Annotated[
+        int, typer.Option(min=1, help="Detector workers, one consumer group: the partitions are split between them")
+    ] = 1,
     profile: Annotated[bool, typer.Option(help="Run the correlator under cProfile and print the top")] = False,
     keep: Annotated[bool, typer.Option(help="Keep the work dir (logs, profile)")] = False,
 ) -> None:
@@ -533,7 +569,8 @@ def pipeline(
         *(["otlp-bridge"] if bridge else []),
         "remediator",
     ]
-    res = BenchResult(nodes=nodes, gpus=gpus, hz=hz, services=services)
+    res = BenchResult(nodes=nodes, gpus=gpus, hz=hz, services=services, cores=machine_cores())
+    workers = {"correlator": correlator_workers, "detector": detector_workers}
     kafka: ApacheKafka | None = None
     tansu: TansuBroker | None = None
     try:
@@ -550,7 +587,11 @@ def pipeline(
                 typer.echo("starting Apache Kafka (deploy/kafka.sh) ...")
                 bs = kafka.start()
         typer.echo(f"broker {broker.value} at {bs}; work dir {workdir}")
-        asyncio.run(_run(bs, res, workdir, warmup, seconds, xid_every, job_nodes, profile, typer.echo))
+        # the broker's CPU is counted when this run started it (an external one is not measured)
+        broker_pid = kafka.pid() if kafka else tansu.proc.pid if tansu and tansu.proc else None
+        asyncio.run(
+            _run(bs, res, workdir, warmup, seconds, xid_every, job_nodes, profile, typer.echo, workers, broker_pid)
+        )
         for line in report(res):
             typer.echo(line)
         if res.profile:
