@@ -54,8 +54,8 @@ from .conditions import (
     Reading,
     Silent,
     Tracker,
-    evaluate_gpu,
     evaluate_job,
+    gpu_evaluator,
 )
 from .render import Finding, render
 
@@ -120,6 +120,11 @@ class Detector:
             self._by_scope[c.scope].append(c)
         #: ids of the job-scope rules (``ConditionRule.scope`` is computed: too slow per reading).
         self._job_rules = frozenset(c.id for c in self._by_scope["job"])
+        #: the GPU-scope rules with their evaluator and whether they compare with the last reading
+        #: that carried NVLink counters, resolved once (per GPU per sample they cost too much).
+        self._gpu_rules = [
+            (c, c.signal, gpu_evaluator(c.signal), isinstance(c.signal, NvlinkRate)) for c in self._by_scope["gpu"]
+        ]
         self._trackers: dict[tuple[str, str, int | None, str | None], Tracker] = {}
         self._prev: dict[tuple[str, int], tuple[float, GpuSample]] = {}
         #: the last reading of each GPU that carried NVLink counters (a collector may read them
@@ -146,27 +151,30 @@ class Detector:
         reads one partition ahead of another never makes the lagging nodes look silent.
         """
         s = msg.sample
+        node, ts = s.node, s.ts
         jobs = {a.gpu_index: a for a in msg.jobs}
         out: list[Failure] = []
+        cond = self._cond
         for g in s.gpus:
-            info = self._gpus.get((s.node, g.index))
+            key = (node, g.index)
+            info = self._gpus.get(key)
             if info is None or info.uuid != g.uuid or info.pci_bus_id != g.pci_bus_id:
-                self._gpus[(s.node, g.index)] = _GpuInfo(g.uuid, g.pci_bus_id)
-            prev = self._prev.get((s.node, g.index))
-            dt = s.ts - prev[0] if prev else 0.0
-            nv = self._prev_nvlink.get((s.node, g.index))
-            job = jobs.get(g.index) or self._job_at(s.node, g.index, s.ts)
-            for rule in self._by_scope["gpu"]:
-                if isinstance(rule.signal, NvlinkRate):
-                    p, d = (nv[1], s.ts - nv[0]) if nv else (None, 0.0)
-                else:
-                    p, d = (prev[1], dt) if prev else (None, dt)
-                reading = evaluate_gpu(rule.signal, g, p, d, job is not None)
+                self._gpus[key] = _GpuInfo(g.uuid, g.pci_bus_id)
+            prev = self._prev.get(key)
+            p_prev, dt = (prev[1], ts - prev[0]) if prev else (None, 0.0)
+            nv = self._prev_nvlink.get(key)
+            p_nv, dt_nv = (nv[1], ts - nv[0]) if nv else (None, 0.0)
+            job = jobs.get(g.index) or self._job_at(node, g.index, ts)
+            has_job = job is not None
+            for rule, sig, evaluate, nvlink in self._gpu_rules:
+                reading = evaluate(sig, g, p_nv, dt_nv, has_job) if nvlink else evaluate(sig, g, p_prev, dt, has_job)
                 if reading is not None:
-                    out += self._cond(rule, s.node, g.index, s.ts, reading, job, "gpu.attributed")
-            self._prev[(s.node, g.index)] = (s.ts, g)
+                    found = cond(rule, node, g.index, ts, reading, job, "gpu.attributed")
+                    if found:
+                        out += found
+            self._prev[key] = (ts, g)
             if g.nvlinks is not None:
-                self._prev_nvlink[(s.node, g.index)] = (s.ts, g)
+                self._prev_nvlink[key] = (ts, g)
         out += self._node_conditions(s.node, s.ts, len(s.gpus), partition)
         return out
 

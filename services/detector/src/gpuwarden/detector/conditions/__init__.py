@@ -46,6 +46,7 @@ from .gpu import (
     PcieDegraded,
     Throttle,
     evaluate_gpu,
+    gpu_evaluator,
 )
 from .jobshape import (
     Hang,
@@ -98,6 +99,7 @@ __all__ = [
     "check_template",
     "evaluate_gpu",
     "evaluate_job",
+    "gpu_evaluator",
 ]
 
 

@@ -8,7 +8,7 @@ its GPUs' working power in W). No I/O, no Kafka.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
@@ -29,9 +29,12 @@ class CostModel(FrozenModel):
     scope: Literal["job", "gpu"] = "job"
 
 
-@dataclass(frozen=True)
-class Reading:
-    """One evaluation of a signal: unhealthy or not, with the value and threshold shown as evidence."""
+class Reading(NamedTuple):
+    """One evaluation of a signal: unhealthy or not, with the value and threshold shown as evidence.
+
+    A named tuple (immutable), not a frozen dataclass: the detector builds several per GPU per
+    sample, and a frozen dataclass's ``__init__`` cost 3x as much (~0.7 against ~0.25 us).
+    """
 
     unhealthy: bool
     signal: str

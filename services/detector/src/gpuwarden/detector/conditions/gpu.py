@@ -8,7 +8,8 @@ same GPU (``dt`` s earlier).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
@@ -29,6 +30,7 @@ __all__ = [
     "PcieDegraded",
     "Throttle",
     "evaluate_gpu",
+    "gpu_evaluator",
 ]
 
 
@@ -97,6 +99,116 @@ def _nvlink_errors(g: GpuSample) -> float | None:
     return float(sum(int(link.get(k) or 0) for link in g.nvlinks for k in keys))
 
 
+GpuEvaluator = Callable[[Any, GpuSample, "GpuSample | None", float, bool], "Reading | None"]
+
+
+def _throttle(sig: Throttle, g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool) -> Reading | None:
+    reasons = g.throttle_reasons
+    active = sorted(set(sig.reasons).intersection(reasons)) if reasons else []
+    if (
+        not active
+        and sig.or_power_at_limit is not None
+        and g.power_w is not None
+        and g.power_limit_w
+        and g.power_w >= sig.or_power_at_limit * g.power_limit_w
+    ):
+        active = ["power_at_limit"]
+    bad = bool(active)
+    if bad and sig.clock_ratio_below is not None:
+        if g.sm_clock_mhz is None or not g.max_sm_clock_mhz:
+            return None
+        bad = g.sm_clock_mhz < sig.clock_ratio_below * g.max_sm_clock_mhz
+    return Reading(bad, "throttle_reasons", ",".join(active) or "none", None, ",".join(sig.reasons))
+
+
+def _flag(sig: Flag, g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool) -> Reading | None:
+    flag = getattr(g, sig.field)
+    return None if flag is None else Reading(bool(flag), sig.field, str(bool(flag)).lower(), None, "false")
+
+
+def _counter_rate(sig: CounterRate, g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool) -> Reading | None:
+    cur = getattr(g, sig.field)
+    if cur is None:
+        return None
+    rate = _rate_per_min(cur, getattr(prev, sig.field) if prev else None, dt)
+    return None if rate is None else Reading(rate >= sig.min_per_min, sig.field, rate, "per min", sig.min_per_min)
+
+
+def _clock_low(sig: ClockLow, g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool) -> Reading | None:
+    if g.sm_clock_mhz is None or not g.max_sm_clock_mhz or g.utilization_gpu_pct is None:
+        return None
+    ratio = g.sm_clock_mhz / g.max_sm_clock_mhz
+    throttled = [r for r in g.throttle_reasons if r != "gpu_idle"]
+    capped = (
+        g.power_w is not None and bool(g.power_limit_w) and g.power_w >= sig.max_power_ratio * (g.power_limit_w or 0)
+    )
+    bad = ratio < sig.ratio_below and g.utilization_gpu_pct >= sig.min_utilization_pct and not throttled and not capped
+    return Reading(bad, "sm_clock_ratio", ratio, "ratio", sig.ratio_below)
+
+
+def _pcie_degraded(sig: PcieDegraded, g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool) -> Reading | None:
+    if g.pcie_link_width is None or g.pcie_link_width_max is None:
+        return None
+    width_bad = g.pcie_link_width < g.pcie_link_width_max
+    gen_bad = (
+        g.pcie_link_gen is not None
+        and g.pcie_link_gen_max is not None
+        and g.pcie_link_gen < g.pcie_link_gen_max
+        and (g.utilization_gpu_pct or 0) >= sig.min_utilization_pct
+    )
+    value = f"gen{g.pcie_link_gen} x{g.pcie_link_width}"
+    return Reading(width_bad or gen_bad, "pcie_link", value, None, f"gen{g.pcie_link_gen_max} x{g.pcie_link_width_max}")
+
+
+def _nvlink_rate(sig: NvlinkRate, g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool) -> Reading | None:
+    if not g.nvlinks:
+        return None
+    rate = _rate_per_min(_nvlink_errors(g), _nvlink_errors(prev) if prev else None, dt)
+    return None if rate is None else Reading(rate >= sig.min_per_min, "nvlink_errors", rate, "per min", sig.min_per_min)
+
+
+def _nvlink_down(sig: NvlinkDown, g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool) -> Reading | None:
+    if not g.nvlinks:
+        return None
+    down = [str(link.get("link")) for link in g.nvlinks if link.get("active") is False]
+    return Reading(bool(down), "nvlink_inactive", ",".join(down) or "none", "links", "none")
+
+
+def _memory_without_job(
+    sig: MemoryWithoutJob, g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool
+) -> Reading | None:
+    if g.memory_used_mib is None:
+        return None
+    procs = sum(1 for p in g.processes or [] if str(p.get("type") or "C").upper() != "G")  # not Xorg
+    bad = not has_job and (g.memory_used_mib >= sig.min_mib or procs > 0)
+    return Reading(bad, "memory_used_mib", g.memory_used_mib, "MiB", sig.min_mib)
+
+
+#: signal type -> its evaluator (one dict lookup per rule instead of a chain of isinstance).
+_EVALUATORS: dict[type, GpuEvaluator] = {
+    Throttle: _throttle,
+    Flag: _flag,
+    CounterRate: _counter_rate,
+    ClockLow: _clock_low,
+    PcieDegraded: _pcie_degraded,
+    NvlinkRate: _nvlink_rate,
+    NvlinkDown: _nvlink_down,
+    MemoryWithoutJob: _memory_without_job,
+}
+
+
+def gpu_evaluator(sig: Signal) -> GpuEvaluator:
+    """The function :func:`evaluate_gpu` calls for ``sig`` (resolved once per rule by the engine).
+
+    Raises:
+        ValueError: ``sig`` is not a GPU-scope signal.
+    """
+    fn = _EVALUATORS.get(type(sig))
+    if fn is None:
+        raise ValueError(f"{sig.type} is not a GPU-scope signal")
+    return fn
+
+
 def evaluate_gpu(sig: Signal, g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool) -> Reading | None:
     """Evaluate a GPU-scope signal on one GPU reading; None when the GPU does not report it.
 
@@ -104,77 +216,8 @@ def evaluate_gpu(sig: Signal, g: GpuSample, prev: GpuSample | None, dt: float, h
         sig: the rule's signal.
         g: this sample of the GPU; ``prev``: the previous one (for counters), ``dt`` seconds earlier.
         has_job: whether a Slurm job held the GPU at the sample's time.
+
+    Raises:
+        ValueError: ``sig`` is not a GPU-scope signal.
     """
-    if isinstance(sig, Throttle):
-        active = sorted(set(sig.reasons) & set(g.throttle_reasons))
-        if (
-            not active
-            and sig.or_power_at_limit is not None
-            and g.power_w is not None
-            and g.power_limit_w
-            and g.power_w >= sig.or_power_at_limit * g.power_limit_w
-        ):
-            active = ["power_at_limit"]
-        bad = bool(active)
-        if bad and sig.clock_ratio_below is not None:
-            if g.sm_clock_mhz is None or not g.max_sm_clock_mhz:
-                return None
-            bad = g.sm_clock_mhz < sig.clock_ratio_below * g.max_sm_clock_mhz
-        return Reading(bad, "throttle_reasons", ",".join(active) or "none", None, ",".join(sig.reasons))
-    if isinstance(sig, Flag):
-        flag = getattr(g, sig.field)
-        return None if flag is None else Reading(bool(flag), sig.field, str(bool(flag)).lower(), None, "false")
-    if isinstance(sig, CounterRate):
-        cur = getattr(g, sig.field)
-        rate = _rate_per_min(cur, getattr(prev, sig.field) if prev else None, dt)
-        return None if rate is None else Reading(rate >= sig.min_per_min, sig.field, rate, "per min", sig.min_per_min)
-    if isinstance(sig, ClockLow):
-        if g.sm_clock_mhz is None or not g.max_sm_clock_mhz or g.utilization_gpu_pct is None:
-            return None
-        ratio = g.sm_clock_mhz / g.max_sm_clock_mhz
-        throttled = [r for r in g.throttle_reasons if r != "gpu_idle"]
-        capped = (
-            g.power_w is not None
-            and bool(g.power_limit_w)
-            and g.power_w >= sig.max_power_ratio * (g.power_limit_w or 0)
-        )
-        bad = (
-            ratio < sig.ratio_below
-            and g.utilization_gpu_pct >= sig.min_utilization_pct
-            and not throttled
-            and not capped
-        )
-        return Reading(bad, "sm_clock_ratio", ratio, "ratio", sig.ratio_below)
-    if isinstance(sig, PcieDegraded):
-        if g.pcie_link_width is None or g.pcie_link_width_max is None:
-            return None
-        width_bad = g.pcie_link_width < g.pcie_link_width_max
-        gen_bad = (
-            g.pcie_link_gen is not None
-            and g.pcie_link_gen_max is not None
-            and g.pcie_link_gen < g.pcie_link_gen_max
-            and (g.utilization_gpu_pct or 0) >= sig.min_utilization_pct
-        )
-        value = f"gen{g.pcie_link_gen} x{g.pcie_link_width}"
-        return Reading(
-            width_bad or gen_bad, "pcie_link", value, None, f"gen{g.pcie_link_gen_max} x{g.pcie_link_width_max}"
-        )
-    if isinstance(sig, NvlinkRate):
-        rate = _rate_per_min(_nvlink_errors(g), _nvlink_errors(prev) if prev else None, dt)
-        return (
-            None
-            if rate is None
-            else Reading(rate >= sig.min_per_min, "nvlink_errors", rate, "per min", sig.min_per_min)
-        )
-    if isinstance(sig, NvlinkDown):
-        if not g.nvlinks:
-            return None
-        down = [str(link.get("link")) for link in g.nvlinks if link.get("active") is False]
-        return Reading(bool(down), "nvlink_inactive", ",".join(down) or "none", "links", "none")
-    if isinstance(sig, MemoryWithoutJob):
-        if g.memory_used_mib is None:
-            return None
-        procs = sum(1 for p in g.processes or [] if str(p.get("type") or "C").upper() != "G")  # not Xorg
-        bad = not has_job and (g.memory_used_mib >= sig.min_mib or procs > 0)
-        return Reading(bad, "memory_used_mib", g.memory_used_mib, "MiB", sig.min_mib)
-    raise ValueError(f"{sig.type} is not a GPU-scope signal")
+    return gpu_evaluator(sig)(sig, g, prev, dt, has_job)
