@@ -210,6 +210,20 @@ async def test_simulated_slurm_jobs_nodes_and_shared_drain_state(tmp_path: Path)
     assert not (await sim.node("gpu-node-002")).drained  # type: ignore[union-attr]
 
 
+async def test_simulated_slurm_node_is_the_node_of_the_cluster_listing(tmp_path: Path) -> None:
+    """``node(N)`` builds one node (the remediator reads one per failure: at 3,125 nodes building
+    them all took most of its CPU) and answers exactly what ``nodes()`` lists for N."""
+    clock = FixedClock(0)
+    sim = SimulatedSlurm(_scenario(), clock, tmp_path / "state.json")
+    assert (await sim.update_node("gpu-node-003", "DRAIN", "gpuwarden: r gpu=0 failure=f2")).ok
+    for t in (0, 5, 20, 45, 60, 500):
+        clock.t = t
+        listing = {n.node: n for n in await sim.nodes()}
+        assert len(listing) == 3
+        for name, state in listing.items():
+            assert await sim.node(name) == state, (t, name)
+
+
 async def test_ended_since_argv_and_window_filter() -> None:
     """``sacct -S <since> -s <terminal states>`` as an argv list; records ending before are dropped."""
     since = 1796023514.0

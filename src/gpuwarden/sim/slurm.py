@@ -126,17 +126,26 @@ class SimulatedSlurm:
     async def jobs(self) -> list[JobState]:
         return self._jobs_at(self._t())
 
-    def _nodes_at(self, t: float, drains: dict[str, Any]) -> list[NodeState]:
-        ts = self.clock.event_ts(t)
-        used: dict[str, set[int]] = {n: set() for n in self._names}
-        for j in self._jobs_at(t):
-            if j.state == "RUNNING":
-                for n, g in j.gpus.items():
+    def _used_at(self, t: float, only: str | None = None) -> dict[str, set[int]]:
+        """GPU indices held by running jobs at scenario time ``t``, per node (of ``only``, if given):
+        the jobs :meth:`_jobs_at` lists as RUNNING, read from the scenario without building them."""
+        names = self._names if only is None else [only]
+        used: dict[str, set[int]] = {n: set() for n in names}
+        for j in self.scenario.jobs:
+            if t < j.start_s or (j.end_s is not None and t >= j.end_s):
+                continue
+            for n, g in self._alloc[str(j.id)].items():
+                if n in used:
                     used[n].update(g)
+        return used
+
+    def _nodes_at(self, t: float, drains: dict[str, Any], only: str | None = None) -> list[NodeState]:
+        ts = self.clock.event_ts(t)
+        used = self._used_at(t, only)
         total = self.scenario.cluster.gpus_per_node
         out = []
-        for n in self._names:
-            u = len(used[n])
+        for n, held in used.items():
+            u = len(held)
             base = "ALLOCATED" if u >= total else "MIXED" if u else "IDLE"
             d = drains.get(n)
             out.append(
@@ -161,10 +170,13 @@ class SimulatedSlurm:
         return self._nodes_at(self._t(), drains)
 
     async def node(self, name: str) -> NodeState | None:
+        """One node's state, built alone (``scontrol show node N`` reads one node, not the cluster)."""
         validate_node_name(name)
         if name not in self._known:
             return None
-        return next(n for n in await self.nodes() if n.node == name)
+        with self.state.locked(False) as data:
+            drains = dict(data.get("nodes", {}))
+        return self._nodes_at(self._t(), drains, only=name)[0]
 
     async def update_node(self, name: str, state: Literal["DRAIN", "RESUME"], reason: str | None) -> CommandResult:
         argv = drain_argv(name, state, reason)
