@@ -158,3 +158,12 @@ def test_cli_bad_settings_exit_2() -> None:
     r = CliRunner().invoke(app, ["--source", "replay"])
     assert r.exit_code == 2
     assert "collector_replay_dir" in r.output
+    # one line, as every service prints it: a check across settings gives its own message
+    assert r.output.strip() == (
+        "error: invalid settings: collector_source=replay needs collector_replay_dir (GPUWARDEN_COLLECTOR_REPLAY_DIR)"
+    )
+    r = CliRunner().invoke(app, ["--source", "bogus"])
+    assert r.exit_code == 2
+    assert r.output.strip() == (
+        "error: invalid settings: GPUWARDEN_COLLECTOR_SOURCE='bogus': Input should be 'nvml', 'replay' or 'simulated'"
+    )

@@ -15,14 +15,19 @@ __all__ = ["BusSettings", "ServiceSettings", "describe_settings_error"]
 
 def describe_settings_error(exc: ValidationError, prefix: str = "GPUWARDEN_") -> str:
     """One line per bad setting, named by its environment variable, e.g.
-    ``GPUWARDEN_HTTP_PORT='x': Input should be a valid integer``."""
+    ``GPUWARDEN_HTTP_PORT='x': Input should be a valid integer``; a check across settings (no
+    single field) gives its own message, which names them."""
     lines = []
     for e in exc.errors():
-        field = "_".join(str(p) for p in e["loc"]) or "?"
+        msg = e["msg"].removeprefix("Value error, ")
+        field = "_".join(str(p) for p in e["loc"])
+        if not field:  # a check across settings (a model validator): its message names them
+            lines.append(msg)
+            continue
         got = e.get("input")
         shown = f"={got!r}" if isinstance(got, str | int | float) else ""
         name = field.upper() if field.upper().startswith(prefix) else f"{prefix}{field.upper()}"
-        lines.append(f"{name}{shown}: {e['msg']}")
+        lines.append(f"{name}{shown}: {msg}")
     return "invalid settings: " + "; ".join(lines)
 
 

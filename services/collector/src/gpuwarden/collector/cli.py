@@ -14,6 +14,8 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
+from gpuwarden.shared.settings import describe_settings_error
+
 __all__ = ["app"]
 
 app = typer.Typer(
@@ -67,7 +69,8 @@ def run(
     try:
         settings = CollectorSettings(**{k: v for k, v in given.items() if v is not None})
     except ValidationError as exc:
-        typer.echo(f"error: invalid collector settings:\n{exc}", err=True)
+        # one line naming each bad setting, as every other service prints it
+        typer.echo(f"error: {describe_settings_error(exc)}", err=True)
         raise typer.Exit(2) from exc
     from aiokafka.errors import KafkaError
 
