@@ -120,3 +120,13 @@ def test_report_keeps_its_summary_lines_and_adds_the_budget() -> None:
 def test_machine_cores_is_positive() -> None:
     n = machine_cores()
     assert n is None or n >= 1
+
+
+def test_cpu_budget_says_when_a_sample_stage_committed_nothing() -> None:
+    res = _result_with_cpu()
+    res.series["detector"] = LagSeries()
+    for t in (10.0, 20.0):
+        res.series["detector"].add(t, end=10_000, committed=0)  # stalled: no rate to scale by
+    lines = cpu_budget(res)
+    assert "detector" not in lines[0]
+    assert "detector 0.50 (committed nothing: as measured)" in lines[1]

@@ -115,3 +115,34 @@ def test_a_bad_state_file_starts_empty(tmp_path: Path) -> None:
     state.write_bytes(b"not a snapshot")
     svc, _ = service(state)
     assert not svc.durable.restored and svc.detector.episodes == {}
+
+
+def test_a_restart_with_an_edited_threshold_uses_the_new_catalog(tmp_path: Path) -> None:
+    """The state file holds state, never the catalog or what is derived from it: a threshold
+    edited between two runs (same rule ids) is the one the restarted detector applies."""
+    import pickle
+
+    from gpuwarden.detector import Detector, load_catalog
+    from gpuwarden.detector.catalog import __file__ as catalog_py
+
+    shipped = Path(catalog_py).with_name("catalog.yaml").read_text()
+    old = "signal: {type: counter-rate, field: ecc_sbe_volatile, min_per_min: 10}"
+    assert old in shipped
+    edited_path = tmp_path / "catalog.yaml"
+    edited_path.write_text(shipped.replace(old, old.replace("min_per_min: 10", "min_per_min: 1000")))
+    snap = Detector(load_catalog()).snapshot()  # taken before the edit
+    _, _, state = pickle.loads(snap)
+    assert not {"catalog", "_conditions", "_by_scope", "_job_rules", "_gpu_rules"} & set(state)
+
+    def storms(d: Detector) -> list[str]:
+        out: list[str] = []
+        for i in range(200):  # 120 corrected errors per minute: a storm at 10/min, not at 1000/min
+            s = NodeSample(node="n1", ts=T0 + i * 5, collector_id="t", source="test",
+                           gpus=[GpuSample(index=0, ecc_sbe_volatile=i * 10)])  # fmt: skip
+            out += [f.pattern for f in d.on_sample(AttributedSample(sample=s, jobs=[]))]
+        return out
+
+    assert "correctable-ecc-storm" in storms(Detector(load_catalog()))
+    restored = Detector(load_catalog(edited_path))
+    restored.restore(snap)
+    assert storms(restored) == []

@@ -182,6 +182,7 @@ def cpu_budget(res: BenchResult) -> list[str]:
     offered = res.nodes * res.gpus * res.hz
     costs: list[str] = []
     need: dict[str, float] = {}
+    stalled: list[str] = []
     for k, cores in used.items():
         r = committed.get(k)
         if k in SAMPLE_STAGES and r:
@@ -190,12 +191,16 @@ def cpu_budget(res: BenchResult) -> list[str]:
             costs.append(f"{k} {per_sample * 1e6:.1f} ms ({n} worker{'s' if n != 1 else ''})")
             need[k] = per_sample * offered
         else:
+            if k in SAMPLE_STAGES:
+                stalled.append(k)  # committed nothing: no cost to scale, so counted as measured
             need[k] = cores
     if not costs:
         return []
     total = sum(need.values())
     have = "n/a" if res.cores is None else str(res.cores)
-    parts = ", ".join(f"{k} {v:.2f}" for k, v in need.items())
+    parts = ", ".join(
+        f"{k} {v:.2f}{' (committed nothing: as measured)' if k in stalled else ''}" for k, v in need.items()
+    )
     return [
         f"cpu per 1,000 GPU samples committed (measured window): {', '.join(costs)}",
         f"cores needed at the offered {offered:,.0f} GPU samples/s: {parts}; total >= {total:.2f} "
@@ -256,7 +261,7 @@ def report(res: BenchResult) -> list[str]:
     if res.cpu:
         cores = {k: rate(v, t0, t1) for k, v in res.cpu.items()}
         used = ", ".join(f"{k} {v:.2f}" for k, v in cores.items() if v is not None)
-        lines.append(f"cpu (cores used during the measured window, of {os.cpu_count()}): {used}")
+        lines.append(f"cpu (cores used during the measured window, of {res.cores or os.cpu_count()}): {used}")
         lines += cpu_budget(res)
     if res.rss_mib:
         mem = ", ".join(f"{k} {v:,.0f} MiB" for k, v in res.rss_mib.items())

@@ -553,7 +553,13 @@ def pipeline(
         ),
     ] = 1,
     detector_workers: Annotated[
-        int, typer.Option(min=1, help="Detector workers, one consumer group: the partitions are split between them")
+        int,
+        typer.Option(
+            min=1,
+            help="Detector workers, one consumer group: the partitions are split between them, the event "
+            "lane's too (each worker sees part of slurm.jobs and gpu.events, as several detector "
+            "instances do): for the CPU figures",
+        ),
     ] = 1,
     profile: Annotated[bool, typer.Option(help="Run the correlator under cProfile and print the top")] = False,
     keep: Annotated[bool, typer.Option(help="Keep the work dir (logs, profile)")] = False,

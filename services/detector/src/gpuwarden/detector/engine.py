@@ -545,7 +545,7 @@ class Detector:
     # -- state that survives a restart (issue 13) ------------------------------------------
     _SNAPSHOT_VERSION = 1
     _NOT_STATE = frozenset(
-        {"catalog", "_conditions", "_by_scope", "_job_rules", "price", "update_interval_s", "retention_s"}
+        {"catalog", "_conditions", "_by_scope", "_job_rules", "_gpu_rules", "price", "update_interval_s", "retention_s"}
     )
 
     def snapshot(self) -> bytes:
