@@ -234,11 +234,10 @@ async def _committed(bootstrap: str, group: str, topic: str) -> int:
 
 @pytest.mark.xfail(
     strict=False,
-    reason="faust-streaming 0.15 skips and acks a stream event that reaches the stream while flow "
-    "control is suspended (startup, rebalance): a record fetched in the moment between partition "
-    "assignment and faust pausing the partition is acked unhandled and then dropped as already "
-    "read after the seek, so a restarted worker loses that reading (about 1 run in 20 here; "
-    "services/correlator/README.md, 'Known limits')",
+    reason="faust-streaming 0.15 acks, unhandled, a stream event that reaches the stream while flow "
+    "control is suspended or from another generation (a record fetched between partition assignment "
+    "and faust pausing it): the restarted worker commits past a reading it never handled (about 1 "
+    "run in 20 here; services/correlator/README.md, 'Known limits')",
 )
 async def test_open_windows_survive_a_worker_crash_after_a_commit(
     workers: Workers, kafka_bootstrap: str, topic_prefix: str
