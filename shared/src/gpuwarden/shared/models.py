@@ -28,6 +28,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Action",
     "AttributedEvent",
+    "Attribution",
     "AttributedSample",
     "BreakdownItem",
     "Category",
@@ -335,6 +336,11 @@ class NodeState(Model):
         return "DRAIN" in self.flags or self.state.startswith("DRAIN")
 
 
+#: Whether a join with Slurm's view was complete at the record's event time (the Slurm watermark
+#: had passed it) or gave up waiting (``unknown``: "no job" cannot be told from "not known yet").
+Attribution = Literal["known", "unknown"]
+
+
 class GpuAttribution(Model):
     """Which Slurm job held one GPU at the time of a sample or event."""
 
@@ -353,6 +359,12 @@ class AttributedSample(Model):
     schema_version: Literal[1] = SCHEMA_VERSION
     sample: NodeSample
     jobs: list[GpuAttribution] = Field(default_factory=list, description="One entry per GPU held by a job")
+    attribution: Attribution = Field(
+        "known",
+        description="known: Slurm's view covered sample.ts when it was joined (a GPU without an entry "
+        "in jobs was held by no job); unknown: the Slurm watermark did not reach sample.ts within the "
+        "correlator's hold, so jobs is empty and says nothing about who held the GPUs",
+    )
 
 
 class AttributedEvent(Model):
@@ -363,6 +375,9 @@ class AttributedEvent(Model):
     job: GpuAttribution | None = None
     node_jobs: list[GpuAttribution] = Field(
         default_factory=list, description="All jobs on the node (for node-wide events without a GPU)"
+    )
+    attribution: Attribution = Field(
+        "known", description="known, or unknown: Slurm's view did not reach event.ts within the hold (see AttributedSample)"
     )
 
 
