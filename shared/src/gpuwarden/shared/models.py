@@ -28,8 +28,8 @@ __all__ = [
     "SCHEMA_VERSION",
     "Action",
     "AttributedEvent",
-    "Attribution",
     "AttributedSample",
+    "Attribution",
     "BreakdownItem",
     "Category",
     "CostEstimate",
@@ -56,6 +56,7 @@ __all__ = [
     "ReportGpu",
     "Severity",
     "Side",
+    "SlurmWatermark",
     "WasteCategory",
     "dumps",
     "stable_id",
@@ -307,6 +308,28 @@ class JobState(Model):
     confirmed: bool | None = Field(
         None, description="End state confirmed from accounting (sacct) when True; None when not checked"
     )
+
+
+class SlurmWatermark(Model):
+    """How far slurm-watcher's view of Slurm is complete (``slurm.watermarks``, keyed by cluster).
+
+    Published after every poll whose job read succeeded, also when nothing changed (a heartbeat).
+    A reader of ``slurm.jobs`` has Slurm's view up to event time ``ts`` once its position in
+    every partition listed in ``jobs_offsets`` has reached the offset given there: every job
+    that held a GPU at any time before ``ts`` is then in what it has read. Before that, "no job
+    holds this GPU" cannot be told from "Slurm has not told me yet" (a join waits, then says
+    ``unknown``).
+    """
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    cluster: str = Field(pattern=r"^[A-Za-z0-9._-]{1,100}$", description="slurm-watcher cluster name")
+    ts: Ts = Field(description="Event time up to which the view is complete: the poll's observation time, epoch s")
+    jobs_offsets: dict[int, int] = Field(
+        default_factory=dict,
+        description="slurm.jobs partition -> offset after the last record of this view written there "
+        "(partitions the watcher never wrote to are absent)",
+    )
+    polls: int = Field(0, ge=0, description="Polls of the watcher that published it (since its start)")
 
 
 class NodeState(Model):
