@@ -8,7 +8,14 @@ rule's burst window fold into one episode (same ``failure_id``); an update is re
 at most every ``update_interval_s`` of event time so a burst of 100 lines yields a handful
 of messages, not 100.
 
-Job attribution does not depend on arrival order: the detector keeps its own per-node GPU
+A sample's jobs come from the correlator only (``AttributedSample.jobs``; one place
+attributes samples): with ``attribution == "known"`` a GPU without an entry was held by no
+job; with ``"unknown"`` (Slurm's view did not reach the sample's time) nothing is known about
+who held the GPUs, so the job-dependent GPU rules (``conditions.JOB_DEPENDENT``:
+``memory-without-job``) get no reading from it (:meth:`Tracker.interrupt`) while the
+job-independent ones evaluate as usual, without a job.
+
+Event attribution does not depend on arrival order: the detector keeps its own per-node GPU
 allocations from ``slurm.jobs`` (event-time intervals). An event that arrives before its
 job is known opens a failure without a job; when the job's state arrives later, the open
 failure is re-emitted (same ``failure_id``) with the job, user, partition and cost. So a
@@ -46,6 +53,7 @@ from gpuwarden.shared.models import (
 
 from .catalog import Catalog, Rule
 from .conditions import (
+    JOB_DEPENDENT,
     ConditionRule,
     GpuCountDrop,
     HealthFailed,
@@ -120,10 +128,12 @@ class Detector:
             self._by_scope[c.scope].append(c)
         #: ids of the job-scope rules (``ConditionRule.scope`` is computed: too slow per reading).
         self._job_rules = frozenset(c.id for c in self._by_scope["job"])
-        #: the GPU-scope rules with their evaluator and whether they compare with the last reading
-        #: that carried NVLink counters, resolved once (per GPU per sample they cost too much).
+        #: the GPU-scope rules with their evaluator, whether they compare with the last reading
+        #: that carried NVLink counters and whether they depend on the GPU's job, resolved once
+        #: (per GPU per sample they cost too much).
         self._gpu_rules = [
-            (c, c.signal, gpu_evaluator(c.signal), isinstance(c.signal, NvlinkRate)) for c in self._by_scope["gpu"]
+            (c, c.signal, gpu_evaluator(c.signal), isinstance(c.signal, NvlinkRate), type(c.signal) in JOB_DEPENDENT)
+            for c in self._by_scope["gpu"]
         ]
         self._trackers: dict[tuple[str, str, int | None, str | None], Tracker] = {}
         self._prev: dict[tuple[str, int], tuple[float, GpuSample]] = {}
@@ -146,6 +156,12 @@ class Detector:
     def on_sample(self, msg: AttributedSample, partition: int | None = None) -> list[Failure]:
         """Condition rules of GPU and node scope on one sample; remembers GPU identities.
 
+        A GPU's job is the correlator's attribution (``msg.jobs``) only, never this detector's
+        allocation table. When ``msg.attribution`` is ``"unknown"`` the job-dependent rules
+        (``memory-without-job``) take no reading from the sample: a pending streak restarts and
+        an open failure neither resolves nor moves toward resolving (:meth:`Tracker.interrupt`);
+        the other rules evaluate with no job.
+
         ``partition``: the Kafka partition the sample came from. The event-time watermark
         used for ``telemetry-silent`` is the minimum over partitions, so a consumer that
         reads one partition ahead of another never makes the lagging nodes look silent.
@@ -153,6 +169,7 @@ class Detector:
         s = msg.sample
         node, ts = s.node, s.ts
         jobs = {a.gpu_index: a for a in msg.jobs}
+        unknown = msg.attribution == "unknown"
         out: list[Failure] = []
         cond = self._cond
         for g in s.gpus:
@@ -164,9 +181,12 @@ class Detector:
             p_prev, dt = (prev[1], ts - prev[0]) if prev else (None, 0.0)
             nv = self._prev_nvlink.get(key)
             p_nv, dt_nv = (nv[1], ts - nv[0]) if nv else (None, 0.0)
-            job = jobs.get(g.index) or self._job_at(node, g.index, ts)
+            job = jobs.get(g.index)
             has_job = job is not None
-            for rule, sig, evaluate, nvlink in self._gpu_rules:
+            for rule, sig, evaluate, nvlink, needs_job in self._gpu_rules:
+                if needs_job and unknown:
+                    self._interrupt(rule, node, g.index)
+                    continue
                 reading = evaluate(sig, g, p_nv, dt_nv, has_job) if nvlink else evaluate(sig, g, p_prev, dt, has_job)
                 if reading is not None:
                     found = cond(rule, node, g.index, ts, reading, job, "gpu.attributed")
@@ -456,6 +476,16 @@ class Detector:
         tr.emitted = what != "resolved"
         state = FailureState.RESOLVED if what == "resolved" else FailureState.OPEN
         return [self._render_condition(rule, node, gpu, tr, state, job)]
+
+    def _interrupt(self, rule: ConditionRule, node: str, gpu: int | None) -> None:
+        """No judged reading of ``rule`` on this GPU now (see :meth:`Tracker.interrupt`)."""
+        key = (rule.id, node, gpu, None)
+        tr = self._trackers.get(key)
+        if tr is None:
+            return
+        tr.interrupt()
+        if not tr.opened and tr.bad_since is None:
+            del self._trackers[key]
 
     def _explained(self, rule_ids: list[str], node: str, gpu: int | None) -> bool:
         """An explaining condition is unhealthy (pending or open) on this GPU, or on any GPU of

@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import Counter
 
 from gpuwarden.shared.bus import Producer
 from gpuwarden.shared.models import (
@@ -60,6 +61,11 @@ class DetectorService(Service):
             settings.detector_update_interval_s,
         )
         self.failures_out = 0
+        self.m_unknown_samples = Counter(
+            "gpuwarden_detector_unknown_samples",
+            "gpu.attributed samples whose job attribution was unknown (job-dependent rules took no reading), count",
+            registry=self.metrics.registry,
+        )
         self.durable = DetectorDurability(self.detector, settings)  # event-time bounds, state file
         self.reports = JobReporter(settings.detector_price_usd_per_gpu_hour)
         self.reports_out = 0
@@ -90,6 +96,8 @@ class DetectorService(Service):
         elif isinstance(value, AttributedEvent):
             out = self.detector.on_event(value)
         elif isinstance(value, AttributedSample):
+            if value.attribution == "unknown":
+                self.m_unknown_samples.inc()
             out = self.detector.on_sample(value, getattr(_record, "partition", None))
         elif isinstance(value, JobState):
             out = self.detector.on_job(value)

@@ -37,6 +37,7 @@ from gpuwarden.shared.models import Action, Category, JobWindow, Pattern, Severi
 from .base import CostModel, FrozenModel, JobContext, Reading
 from .fleet import Straggler, StragglerMetric, evaluate_stragglers
 from .gpu import (
+    JOB_DEPENDENT,
     ClockLow,
     CounterRate,
     Flag,
@@ -67,6 +68,7 @@ from .node import GpuCountDrop, HealthFailed, Silent
 from .tracker import Tracker
 
 __all__ = [
+    "JOB_DEPENDENT",
     "SCOPES",
     "TEMPLATE_FIELDS",
     "ClockLow",

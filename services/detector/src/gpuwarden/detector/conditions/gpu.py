@@ -4,6 +4,9 @@
 PCIe replay, retired pages per minute), ``clock-low``, ``pcie-degraded``, ``nvlink-rate``,
 ``nvlink-down``, ``memory-without-job``. Counters are judged against the previous sample of the
 same GPU (``dt`` s earlier).
+
+Only ``memory-without-job`` depends on whether a job holds the GPU (:data:`JOB_DEPENDENT`): the
+engine gives it no reading for a sample whose attribution is ``unknown``.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ if TYPE_CHECKING:
     from . import Signal
 
 __all__ = [
+    "JOB_DEPENDENT",
     "ClockLow",
     "CounterRate",
     "Flag",
@@ -195,6 +199,11 @@ _EVALUATORS: dict[type, GpuEvaluator] = {
     NvlinkDown: _nvlink_down,
     MemoryWithoutJob: _memory_without_job,
 }
+
+
+#: GPU-scope signal types whose reading depends on whether (or which) job holds the GPU: not
+#: evaluated on a sample whose attribution is ``unknown`` (the correlator could not tell).
+JOB_DEPENDENT: frozenset[type] = frozenset({MemoryWithoutJob})
 
 
 def gpu_evaluator(sig: Signal) -> GpuEvaluator:

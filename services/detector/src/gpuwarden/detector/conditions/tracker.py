@@ -57,3 +57,14 @@ class Tracker:
             self.last_seen = ts
             return "resolved"
         return None
+
+    def interrupt(self) -> None:
+        """A reading that cannot be judged (a job-dependent rule on a sample whose job
+        attribution is ``unknown``): it restarts the streak in progress and is no evidence
+        either way. A pending condition must hold ``for_s`` again from the next judged
+        reading; an open one stays open and needs ``resolve_after_s`` of judged healthy
+        readings from the next one on. Nothing is emitted."""
+        if self.opened:
+            self.good_since = None
+        else:
+            self.bad_since, self.occurrences = None, 0
