@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PKGS := -e shared -e services/collector -e services/slurm-watcher -e services/correlator \
         -e services/detector -e services/otlp-bridge -e services/remediator -e services/health-check -e services/console -e .
 
-.PHONY: dev demo test test-unit test-scored test-integration check lint docs schemas kafka-fetch clean
+.PHONY: dev demo test test-unit test-scored test-integration test-speed check lint docs schemas kafka-fetch clean
 
 $(BIN)/gpuwarden: pyproject.toml shared/pyproject.toml services/*/pyproject.toml requirements-dev.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -35,6 +35,11 @@ test-scored: dev
 ## test-integration: real Apache Kafka (or Tansu), real Slurm (root), real OTLP/Prometheus servers
 test-integration: dev
 	$(BIN)/python -m pytest -q -m integration tests
+
+## test-speed: every tests/scenarios/*.yaml through the real services at --speed 5 and 50 under a CPU hog:
+## the same failure ids and a passing score at both (hours: ~2 min per 300 s scenario; SPEEDCHECK_ARGS="--jobs 2")
+test-speed: dev
+	$(BIN)/python -m gpuwarden.sim.speedcheck --hog $(SPEEDCHECK_ARGS) tests/scenarios/*.yaml
 
 ## lint: ruff (lint + format check) and mypy over every package
 lint: dev

@@ -1,0 +1,56 @@
+"""Speed independence through the real services: a fixed sample of the scored suite
+(tests/scenarios) through ``gpuwarden simulate`` at ``--speed 5`` and ``--speed 50``, while a CPU
+hog keeps every core busy, gives the same failure ids (and pattern, node, GPU) at both speeds and
+meets the scenario's expectation at both. Detection works in event time, so neither the speed nor
+a loaded machine may change a verdict. ``make test-speed`` runs the same check over every scenario
+(:mod:`gpuwarden.sim.speedcheck`).
+
+The sample (12): the healthy partial-allocation fleet (jobs on part of each node from t=0, no
+fault), four healthy near misses (``-negative``) and seven faults of different kinds (an XID,
+throttling, ECC, a job's shape, a zombie process, a silent node, a fault on a node without a job),
+all 300 s scenarios: about 75 s of wall time at speed 5 and 20-30 s at speed 50 under the hog on
+two cores, some 20 minutes in all.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.sim.speedcheck import check_scenario, cpu_hog
+
+pytestmark = pytest.mark.integration
+
+SUITE = Path(__file__).resolve().parents[1] / "scenarios"
+SPEEDS = (5.0, 50.0)
+SAMPLE = [
+    # healthy
+    "healthy-partial-allocation",
+    "zombie-process-negative",
+    "gpu-fallen-off-bus-negative",
+    "thermal-throttle-negative",
+    "straggler-gpu-negative",
+    # faults
+    "gpu-fallen-off-bus",  # XID 79
+    "thermal-throttle",
+    "uncorrectable-ecc",  # ECC double-bit error
+    "straggler-gpu",  # a job's shape
+    "zombie-process",
+    "telemetry-silent",
+    "mixed-fault-on-idle-node",  # ECC on a node without a job: no job attributed
+]
+
+
+@pytest.mark.parametrize("name", SAMPLE)
+def test_same_failure_ids_at_speed_5_and_50_under_cpu_load(name: str, tmp_path: Path) -> None:
+    path = SUITE / f"{name}.yaml"
+    assert path.exists(), path
+    with cpu_hog():
+        check = check_scenario(path, SPEEDS, tmp_path)
+    assert check.complete, check.line()
+    assert check.same, check.line()
+    for run in check.runs:
+        assert run.report is not None
+        assert run.score_passed, check.line()
+        assert run.report["stats"]["deadlettered"] == 0, check.line()
