@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,9 +83,9 @@ class RunOutcome:
             return None
         parts = []
         if sc["missed"]:
-            parts.append("missed " + ", ".join(_expect_text(m) for m in sc["missed"]))
+            parts.append("missed " + _some(_expect_text(m) for m in sc["missed"]))
         if sc["false_positives"]:
-            parts.append("false positives " + ", ".join(_failure_text(f) for f in sc["false_positives"]))
+            parts.append("false positives " + _some(_failure_text(f) for f in sc["false_positives"]))
         return "; ".join(parts)
 
 
@@ -119,8 +119,15 @@ class ScenarioCheck:
         for r in self.runs:
             extra = [f for f in r.failures if f["failure_id"] not in everywhere]
             if extra:
-                parts.append(f"only at {r.speed:g}: " + ", ".join(_failure_text(f) for f in extra))
+                parts.append(f"only at {self._label(r)}: " + _some(_failure_text(f) for f in extra))
         return ", ".join(parts) or "same ids, different (pattern, node, gpu)"
+
+    def _label(self, run: RunOutcome) -> str:
+        """``50``, or ``50 (run 2)`` when the same speed runs more than once (``--speeds 50 50``)."""
+        label = f"{run.speed:g}"
+        if sum(r.speed == run.speed for r in self.runs) > 1:
+            label += f" (run {self.runs.index(run) + 1})"
+        return label
 
     def line(self) -> str:
         """One line: the verdict, the failures found, each run's wall time, any failed score."""
@@ -138,8 +145,14 @@ class ScenarioCheck:
             problem = r.score_problem()
             if problem:
                 what = "score failed" if r.report is not None else "run failed"
-                out += f"\n    {what} at {r.speed:g}: {problem}"
+                out += f"\n    {what} at {self._label(r)}: {problem}"
         return out
+
+
+def _some(items: Iterable[str], n: int = 4) -> str:
+    """The first ``n`` items, comma-separated, then ``(+k more)``."""
+    got = list(items)
+    return ", ".join(got[:n]) + (f" (+{len(got) - n} more)" if len(got) > n else "")
 
 
 def _failure_text(f: dict[str, Any]) -> str:
@@ -274,9 +287,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m gpuwarden.sim.speedcheck",
         description="Each scenario through gpuwarden simulate at two speeds: the same failure ids, a passing score.",
     )
-    ap.add_argument("scenarios", nargs="+", type=Path, metavar="SCENARIO", help="scenario YAML files")
+    ap.add_argument("scenarios", nargs="*", type=Path, metavar="SCENARIO", help="scenario YAML files")
     ap.add_argument(
-        "--speeds", nargs="+", type=float, default=list(DEFAULT_SPEEDS), help="speeds to compare (default 5 50)"
+        "--speeds", nargs="+", default=[f"{s:g}" for s in DEFAULT_SPEEDS], help="speeds to compare (default 5 50)"
     )
     ap.add_argument("--hog", action="store_true", help="keep every core busy (one busy loop per core) meanwhile")
     ap.add_argument("--hog-processes", type=int, default=None, help="busy loops with --hog (default: one per core)")
@@ -286,6 +299,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--keep-logs", action="store_true", help="keep the service logs of passing runs too")
     ap.add_argument("--summary-json", type=Path, default=None, help="write every run's outcome here as JSON")
     args = ap.parse_args(argv)
+    # ``--speeds 5 50 a.yaml b.yaml``: the scenarios after the speeds belong to the positionals
+    speeds: list[float] = []
+    for tok in args.speeds:
+        try:
+            speeds.append(float(tok))
+        except ValueError:
+            args.scenarios.append(Path(tok))
+    args.speeds = speeds
+    if not args.scenarios:
+        ap.error("no SCENARIO given")
     if len(args.speeds) < 2:
         ap.error("--speeds needs at least two speeds")
     if any(not 0.1 <= s <= 50 for s in args.speeds):
