@@ -103,7 +103,7 @@ async def test_xid79_on_a_real_slurm_job_is_found_attributed_and_drained_once(
         "GPUWARDEN_LOG_LEVEL": "INFO",
     }
     per = {
-        "correlator": ("gpuwarden.correlator", {"GPUWARDEN_CORRELATOR_DATADIR": str(tmp_path / "correlator")}),
+        "correlator": ("gpuwarden.correlator", {}),
         "detector": ("gpuwarden.detector", {}),
         "remediator": (
             "gpuwarden.remediator",

@@ -69,7 +69,6 @@ async def analyze_via_kafka(
             "GPUWARDEN_TOPIC_PREFIX": prefix,
             "GPUWARDEN_HTTP_PORT": str(port),
             "GPUWARDEN_DETECTOR_PRICE_USD_PER_GPU_HOUR": str(price_usd_per_gpu_hour),
-            "GPUWARDEN_CORRELATOR_DATADIR": str(workdir / "correlator"),
             "PYTHONUNBUFFERED": "1",
         }
         procs.append(spawn_service(name, module, env, workdir / "logs" / f"{name}.log", port))

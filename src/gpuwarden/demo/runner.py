@@ -167,7 +167,7 @@ class Pipeline:
             "detector": {
                 "GPUWARDEN_DETECTOR_PRICE_USD_PER_GPU_HOUR": str(self.scenario.cluster.price_usd_per_gpu_hour)
             },
-            "correlator": {"GPUWARDEN_CORRELATOR_DATADIR": str(self.workdir / "correlator")},
+            "correlator": {},
             "otlp-bridge": {},
         }
         env.update(per.get(name, {}))

@@ -166,8 +166,6 @@ def _service_env(
     """``lanes``: the correlator runs as a samples worker and an events worker; ``process``: the
     worker's name (``correlator-2``), default ``name``."""
     env = {**base, "GPUWARDEN_CONSUMER_GROUP": group}
-    if name in ("correlator", "correlator-events"):
-        env["GPUWARDEN_CORRELATOR_DATADIR"] = str(workdir / (process or name))
     if name == "correlator-events":
         # the events lane: same group name, its app id (and Kafka group) is "<group>-events"
         env["GPUWARDEN_CORRELATOR_LANE"] = "events"

@@ -1,8 +1,8 @@
-"""gpuwarden correlator: attributes GPU samples and events to the Slurm jobs holding the GPUs.
+"""gpuwarden correlator: attributes GPU samples and events to the Slurm jobs holding the GPUs,
+in event time (a join that waits for the Slurm watermark), and windows them per job.
 
-A faust-streaming app (:func:`create_app`) whose agents only move bytes; the join is pure
-(:mod:`gpuwarden.shared.allocations`) and the message handling (decode, join, dead-letter) is
-in :class:`Correlator`, testable without a broker.
+The message handling (join, hold, windows) is in :class:`Correlator` (:mod:`.core`), testable
+without a broker; :class:`~.service.CorrelatorService` runs it on the shared consumer.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from gpuwarden.shared.allocations import (
 
 from .core import INPUT_TOPICS, OUTPUT_TOPICS, AllocationStore, Correlator, MemoryAllocationStore, Output
 from .settings import CorrelatorSettings
+from .slurmview import SlurmView
 
 __all__ = [
     "INPUT_TOPICS",
@@ -26,25 +27,24 @@ __all__ = [
     "Allocation",
     "AllocationStore",
     "Correlator",
-    "CorrelatorApp",
     "CorrelatorService",
     "CorrelatorSettings",
     "MemoryAllocationStore",
     "Output",
+    "SlurmView",
     "apply_allocation",
     "attribute_event",
     "attribute_sample",
     "attributions_at",
-    "create_app",
     "expire",
     "fan_out",
 ]
 
 
 def __getattr__(name: str) -> object:
-    # faust is imported lazily: the pure parts above need neither faust nor a broker.
-    if name in {"create_app", "CorrelatorApp", "CorrelatorService"}:
-        from . import app
+    # aiokafka is imported lazily: the pure parts above need no broker.
+    if name == "CorrelatorService":
+        from .service import CorrelatorService
 
-        return getattr(app, name)
+        return CorrelatorService
     raise AttributeError(name)

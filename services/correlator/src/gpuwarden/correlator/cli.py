@@ -6,7 +6,7 @@ import logging
 
 import typer
 
-from .app import CorrelatorService
+from .service import CorrelatorService
 from .settings import CorrelatorSettings
 
 __all__ = ["app", "main"]
@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 
 app = typer.Typer(
     name="correlator",
-    help="Join GPU samples and events with the Slurm jobs holding the GPUs (faust-streaming).",
+    help="Join GPU samples and events with the Slurm jobs holding the GPUs, in event time.",
     invoke_without_command=True,
     pretty_exceptions_enable=False,
     add_completion=False,

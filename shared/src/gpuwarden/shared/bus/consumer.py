@@ -61,6 +61,8 @@ class Consumer:
         auto_offset_reset: str = "earliest",
         max_records: int = 500,
         retry_s: float = 1.0,
+        listener: Any = None,
+        commit_interval_s: float = 0.0,
     ) -> None:
         self._settings = settings
         self.service = service
@@ -79,6 +81,13 @@ class Consumer:
         self._stopping = False
         self.before_commit: Callable[[bool], Awaitable[bool]] | None = None
         """Called before offsets are committed (``force`` on stop); False defers the commit."""
+        self.checkpoint: Callable[[dict[TopicPartition, int]], Awaitable[dict[TopicPartition, int]]] | None = None
+        """Called with the offsets about to be committed, after the outputs are confirmed; makes
+        the caller's state durable and returns the offsets that state covers (at most those
+        given: a record it still holds keeps its partition's commit below it)."""
+        self._listener = listener
+        self._commit_interval_s = commit_interval_s
+        self._last_commit = 0.0
         self.handled = 0
         self.handed_back = 0
         self.assigned = asyncio.Event()
@@ -87,7 +96,7 @@ class Consumer:
         if self._consumer is not None:
             return
         c = AIOKafkaConsumer(
-            *self._short,
+            *(() if self._listener is not None else self._short),
             **self._settings.kafka_kwargs(),
             client_id=f"{self._settings.client_id}-{self.service}",
             group_id=self._group_id,
@@ -100,6 +109,8 @@ class Consumer:
         )
         try:
             await c.start()
+            if self._listener is not None:
+                c.subscribe(list(self._short), listener=self._listener)
         except BaseException:
             await c.stop()
             raise
@@ -146,15 +157,30 @@ class Consumer:
         """
         if not self._handled:
             return
+        if not force and time.monotonic() - self._last_commit < self._commit_interval_s:
+            return
+        self._last_commit = time.monotonic()
         await self._producer.flush()
         if self.before_commit is not None and not await self.before_commit(force):
             return
         assigned = c.assignment()
-        offsets = {tp: o for tp, o in self._handled.items() if tp in assigned and self._committed.get(tp) != o}
-        self._handled = {}
+        handled, self._handled = self._handled, {}
+        offsets = {tp: o for tp, o in handled.items() if tp in assigned}
+        if self.checkpoint is not None:
+            covered = await self.checkpoint(offsets)
+            # what the state does not cover yet stays to commit next time
+            self._handled = {tp: o for tp, o in handled.items() if covered.get(tp, o) < o and tp in assigned}
+            offsets = covered
+        offsets = {tp: o for tp, o in offsets.items() if tp in c.assignment() and self._committed.get(tp) != o}
         if offsets:
             await c.commit(offsets)
             self._committed.update(offsets)
+
+    async def commit_now(self, force: bool = True) -> None:
+        """Commit what is handled now (a revocation: before the partitions go to another member)."""
+        c = self._consumer
+        if c is not None:
+            await self._commit(c, force=force)
 
     async def lag(self) -> dict[str, int]:
         """Consumer lag per short topic name (messages), summed over assigned partitions."""
@@ -192,6 +218,8 @@ class Consumer:
                 for tp, records in batches.items():
                     short = self._short.get(tp.topic, tp.topic)
                     for i, rec in enumerate(records):
+                        if self._listener is not None and tp not in c.assignment():
+                            break  # revoked mid-batch: its next owner reads it from the commit
                         if self._stopping:
                             self._hand_back(c, tp, rec.offset, len(records) - i)
                             break

@@ -1,0 +1,353 @@
+"""The correlator service: the shared consumer, a global Slurm view, and a changelog of its own.
+
+Topology (docs/architecture.md#correlation-topology)::
+
+    slurm.jobs + slurm.watermarks  --read whole by every worker-->  SlurmView (allocations, watermark)
+    gpu.samples (keyed by node, consumer group)  --held until the watermark passes ts, joined-->
+        gpu.attributed, and folded into per-node open windows --> job.windows (keyed by job)
+    gpu.events  (keyed by node)  --held, joined-->  gpu.events.attributed
+    open windows  -->  correlator.windows (compacted changelog, co-partitioned with gpu.samples)
+    bad input  -->  deadletter (the shared consumer's one path)
+
+**Commits** (Kafka Streams' rule): records are consumed in batches (``getmany``) by the shared
+:class:`~gpuwarden.shared.bus.Consumer`; at most every ``COMMIT_INTERVAL_S`` a checkpoint
+(:meth:`CorrelatorService._checkpoint`) takes, in one synchronous step, the offsets to commit
+(each partition's handled position, capped at its oldest record still held) and a snapshot of
+every node whose windows changed; it appends the snapshot to the changelog, waits until the
+broker confirmed every output and snapshot queued so far, and only then are those offsets
+committed. So a committed offset never covers a record whose outputs or window state are not
+on the broker, and nothing is acknowledged that the handler has not seen: no framework sits
+between the fetch and the handler.
+
+**Rebalance**: on revocation the worker checkpoints and commits, then forgets the revoked
+partitions' nodes; on assignment it restores their windows from the changelog partitions of
+the same numbers before any record of them is handled (aiokafka awaits the listener before
+it fetches for the new assignment).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
+from prometheus_client import Gauge
+from pydantic import BaseModel, ValidationError
+
+from gpuwarden.shared.bus import Producer, decode
+from gpuwarden.shared.models import GpuEvent, JobState, NodeSample, SlurmWatermark
+from gpuwarden.shared.service import Service
+
+from .core import Correlator, MemoryAllocationStore, Output
+from .settings import CorrelatorSettings
+from .slurmview import SlurmView
+
+__all__ = ["LANES", "CorrelatorService", "SlurmReader"]
+
+log = logging.getLogger(__name__)
+
+#: Input topics (consumer group) of each ``GPUWARDEN_CORRELATOR_LANE``; every lane also reads
+#: ``slurm.jobs`` and ``slurm.watermarks`` whole (:class:`SlurmReader`).
+LANES: dict[str, tuple[str, ...]] = {
+    "all": ("gpu.samples", "gpu.events"),
+    "samples": ("gpu.samples",),
+    "events": ("gpu.events",),
+}
+
+CHANGELOG = "correlator.windows"
+
+
+class SlurmReader:
+    """Reads every partition of ``slurm.jobs`` and ``slurm.watermarks`` (no consumer group: each
+    worker has the whole view) into a :class:`SlurmView`, from ``lookback_s`` of broker time
+    ago (0: the start of the topics), and calls ``on_change`` after each batch that changed it.
+
+    ``lookback_s`` must cover the watcher's full-snapshot period (every running job is
+    republished then) and the correlator's retention of ended jobs.
+    """
+
+    def __init__(self, settings: CorrelatorSettings, view: SlurmView, on_change: Any, lookback_s: float) -> None:
+        self.settings = settings
+        self.view = view
+        self.on_change = on_change
+        self.lookback_s = lookback_s
+        self.consumer: AIOKafkaConsumer | None = None
+        self.bad = 0
+        self.caught_up = asyncio.Event()
+        self._jobs_topic = settings.topic("slurm.jobs")
+        self._wm_topic = settings.topic("slurm.watermarks")
+
+    async def start(self) -> None:
+        c = AIOKafkaConsumer(
+            **self.settings.kafka_kwargs(),
+            client_id=f"{self.settings.client_id}-correlator-slurm",
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=100,
+        )
+        await c.start()
+        self.consumer = c
+        tps = []
+        for topic in (self._jobs_topic, self._wm_topic):
+            parts = c.partitions_for_topic(topic)
+            if not parts:
+                await c.stop()
+                raise RuntimeError(f"topic {topic} does not exist: create the topics first (gpuwarden topics create)")
+            tps += [TopicPartition(topic, p) for p in sorted(parts)]
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        if self.lookback_s > 0:
+            since_ms = int((time.time() - self.lookback_s) * 1000)
+            try:
+                found = await c.offsets_for_times({tp: since_ms for tp in tps})
+            except Exception as exc:  # a broker without timestamp lookups: read it all
+                log.info("correlator: no offsets by time (%s); reading slurm.jobs from its start", exc)
+                found = {}
+            for tp, ot in found.items():
+                if ot is not None:
+                    c.seek(tp, ot.offset)
+        self._ends = await c.end_offsets(tps)
+
+    async def stop(self) -> None:
+        c, self.consumer = self.consumer, None
+        if c is not None:
+            await c.stop()
+
+    async def run(self) -> None:
+        c = self.consumer
+        assert c is not None
+        jobs_tps = [tp for tp in c.assignment() if tp.topic == self._jobs_topic]
+        while True:
+            batches = await c.getmany(timeout_ms=200, max_records=2000)
+            changed = False
+            for tp, recs in batches.items():
+                for rec in recs:
+                    changed |= self._one(tp.topic, rec)
+            for tp in jobs_tps:
+                changed |= self.view.on_position(tp.partition, await c.position(tp))
+            if not self.caught_up.is_set():
+                positions = {tp: await c.position(tp) for tp in self._ends}
+                if all(positions[tp] >= end for tp, end in self._ends.items()):
+                    self.caught_up.set()
+                    log.info("correlator: Slurm view read (%s)", self.view.stats())
+            if changed:
+                await self.on_change()
+
+    def _one(self, topic: str, rec: ConsumerRecord) -> bool:
+        short = "slurm.jobs" if topic == self._jobs_topic else "slurm.watermarks"
+        try:
+            value = decode(short, rec.value)
+        except (ValueError, ValidationError) as exc:
+            # not dead-lettered here: every worker reads it, the detector's consumer dead-letters it once
+            self.bad += 1
+            if self.bad <= 10 or self.bad % 1000 == 0:
+                log.warning("correlator: unreadable %s[%s]@%s ignored (%d so far): %s", short, rec.partition,
+                            rec.offset, self.bad, str(exc)[:200])  # fmt: skip
+            return False
+        if isinstance(value, JobState):
+            return bool(self.view.apply_job(value))
+        assert isinstance(value, SlurmWatermark)
+        return self.view.on_watermark(value)
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, service: CorrelatorService) -> None:
+        self.service = service
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self.service.revoked(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        await self.service.assigned(set(assigned))
+
+
+class CorrelatorService(Service):
+    """Runs the correlator (lanes: ``GPUWARDEN_CORRELATOR_LANE``) with ``/healthz`` and ``/metrics``.
+
+    ``start()`` returns once the Slurm view is being read and the consumer has joined its
+    group; ``stop()`` checkpoints, commits and leaves the group. ``stop()`` is safe before
+    ``start()`` and twice.
+    """
+
+    name = "correlator"
+
+    def __init__(self, settings: CorrelatorSettings, producer: Producer | None = None) -> None:
+        super().__init__(settings, producer)
+        self.settings: CorrelatorSettings = settings
+        if producer is None:
+            self.producer = Producer(settings, self.metrics, linger_ms=int(settings.correlator_producer_linger_s * 1000))
+        self.view = SlurmView(settings.correlator_retention_s, gated=True)
+        self.core = Correlator(
+            self.view,
+            settings.topic,
+            settings.correlator_retention_s,
+            self.metrics,
+            windows=MemoryAllocationStore(),
+            window_s=settings.correlator_window_s,
+            window_grace_s=settings.correlator_window_grace_s,
+            hold_s=settings.correlator_hold_s,
+            max_held_per_node=settings.correlator_max_held_per_node,
+        )
+        self.reader = SlurmReader(settings, self.view, self._release, settings.correlator_slurm_lookback_s)
+        self.first_output_at: float | None = None
+        self.restored = 0
+        self.checkpoints = 0
+        self._lane = LANES[settings.correlator_lane]
+        self._consumer: Any = None
+        reg = self.metrics.registry
+        self._wm_gauge = Gauge("gpuwarden_correlator_slurm_watermark_seconds",
+                               "Event time up to which the Slurm view is complete, epoch s", registry=reg)  # fmt: skip
+        self._held_gauge = Gauge("gpuwarden_correlator_held_records",
+                                 "Records waiting for the Slurm watermark, count", registry=reg)  # fmt: skip
+        self._wm_gauge.set_function(lambda: max(0.0, min(self.view.watermark(), 1e12)))
+        self._held_gauge.set_function(lambda: float(self.core.held_count))
+
+    @property
+    def group(self) -> str:
+        return self.settings.app_id
+
+    async def on_start(self) -> None:
+        if "gpu.samples" in self._lane:
+            await self._check_changelog()
+        await self.reader.start()
+        self.spawn(self.reader.run(), "slurm-view")
+        self.spawn(self._tick(), "hold")
+        c = self.consume(list(self._lane), self._handle, group=self.group)
+        # the shared consumer, with a rebalance listener, commits at the interval, after a checkpoint
+        c._listener = _Rebalance(self)
+        c._commit_interval_s = self.settings.correlator_commit_interval_s
+        c.checkpoint = self._checkpoint
+        self._consumer = c
+
+    async def on_stop(self) -> None:
+        await self.reader.stop()
+
+    async def _check_changelog(self) -> None:
+        """The changelog exists and is co-partitioned with gpu.samples (a node's windows go to
+        the changelog partition of the node's samples: same key, same partitioner).
+
+        Raises:
+            RuntimeError: it is missing or has another partition count.
+        """
+        from aiokafka import AIOKafkaClient
+
+        client = AIOKafkaClient(**self.settings.kafka_kwargs(), request_timeout_ms=30000)
+        await asyncio.wait_for(client.bootstrap(), 30)
+        try:
+            md = await asyncio.wait_for(client.fetch_all_metadata(), 30)
+        finally:
+            await client.close()
+        counts = {t: len(md.partitions_for_topic(self.settings.topic(t)) or ()) for t in ("gpu.samples", CHANGELOG)}
+        if counts[CHANGELOG] == 0:
+            raise RuntimeError(f"topic {self.settings.topic(CHANGELOG)} does not exist: create the topics first "
+                               "(gpuwarden topics create)")  # fmt: skip
+        if counts[CHANGELOG] != counts["gpu.samples"]:
+            raise RuntimeError(f"gpu.samples and {CHANGELOG} must have the same partition count: {counts}")
+
+    # -- records ------------------------------------------------------------------------
+    async def _handle(self, topic: str, value: BaseModel, rec: ConsumerRecord) -> None:
+        if isinstance(value, NodeSample):
+            outs = self.core.on_sample(value, rec.value, rec.partition, rec.offset)
+        elif isinstance(value, GpuEvent):
+            outs = self.core.on_event(value, rec.value, rec.partition, rec.offset)
+        else:  # pragma: no cover - the consumer only delivers the lane's models
+            raise TypeError(f"unexpected {type(value).__name__} on {topic}")
+        await self._publish(outs)
+
+    async def _publish(self, outs: list[Output]) -> None:
+        send = self.producer.publish_raw
+        for o in outs:
+            await send(o.topic, o.key, o.value)
+        if outs and self.first_output_at is None:
+            self.first_output_at = time.time()
+            log.info("correlator: first output published")
+
+    async def _release(self) -> None:
+        await self._publish(self.core.release())
+
+    async def _tick(self) -> None:
+        """Hold timeouts: release what waited ``hold_s`` as unknown."""
+        while True:
+            await asyncio.sleep(min(1.0, self.settings.correlator_hold_s / 4))
+            await self._release()
+
+    # -- checkpoints and rebalances -------------------------------------------------------
+    async def _checkpoint(self, offsets: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """Offsets (capped below held records) and the window snapshot, taken together; then
+        the snapshot is appended and every output so far confirmed (raises DeliveryError)."""
+        covered = {}
+        samples = self.settings.topic("gpu.samples")
+        for tp, o in offsets.items():
+            floor = self.core.held_floor(tp.partition, "gpu.samples" if tp.topic == samples else "gpu.events")
+            covered[tp] = o if floor is None else min(o, floor)
+        snapshot = self.core.take_dirty()
+        for _partition, node, state in snapshot:
+            await self.producer.publish_raw(CHANGELOG, node, state)
+        await self.producer.flush()
+        self.checkpoints += 1
+        return covered
+
+    async def revoked(self, revoked: set[TopicPartition]) -> None:
+        if self._consumer is not None:
+            try:
+                await self._consumer.commit_now()
+            except Exception as exc:
+                log.warning("correlator: commit on revocation failed (records will be read again): %s", exc)
+        # samples and events are co-partitioned by node: a partition number is one set of nodes
+        n = self.core.drop({tp.partition for tp in revoked})
+        log.info("correlator: partitions revoked %s (%d nodes dropped)", sorted(tp.partition for tp in revoked), n)
+
+    async def assigned(self, assigned: set[TopicPartition]) -> None:
+        parts = sorted(tp.partition for tp in assigned if tp.topic == self.settings.topic("gpu.samples"))
+        if parts:
+            self.restored += await self._restore(parts)
+        log.info("correlator: partitions assigned %s", sorted((tp.topic, tp.partition) for tp in assigned))
+
+    async def _restore(self, partitions: list[int]) -> int:
+        """Read the changelog partitions to their end; the newest state per node wins."""
+        topic = self.settings.topic(CHANGELOG)
+        c = AIOKafkaConsumer(**self.settings.kafka_kwargs(), group_id=None, enable_auto_commit=False,
+                             auto_offset_reset="earliest", fetch_max_wait_ms=100)  # fmt: skip
+        await c.start()
+        latest: dict[str, tuple[int, bytes | None]] = {}
+        try:
+            tps = [TopicPartition(topic, p) for p in partitions]
+            c.assign(tps)
+            await c.seek_to_beginning(*tps)
+            ends = await c.end_offsets(tps)
+            todo = {tp for tp in tps if ends[tp] > 0}
+            while todo:
+                for tp, recs in (await c.getmany(*todo, timeout_ms=500, max_records=5000)).items():
+                    for r in recs:
+                        if r.key is not None:
+                            latest[r.key.decode()] = (tp.partition, r.value)
+                for tp in list(todo):
+                    if await c.position(tp) >= ends[tp]:
+                        todo.discard(tp)
+        finally:
+            await c.stop()
+        for node, (partition, value) in latest.items():
+            try:
+                self.core.restore(node, partition, orjson.loads(value) if value is not None else None)
+            except orjson.JSONDecodeError:
+                log.warning("correlator: unreadable changelog record for node %r ignored", node[:100])
+        log.info("correlator: restored the windows of %d nodes from %s %s", len(latest), topic, partitions)
+        return len(latest)
+
+    def health(self) -> dict[str, Any]:
+        h = super().health()
+        wm = self.view.watermark()
+        h.update(
+            lane=self.settings.correlator_lane,
+            first_output_at=self.first_output_at,
+            slurm_watermark=wm if wm > 0 else None,
+            slurm_view_read=self.reader.caught_up.is_set(),
+            held=self.core.held_count,
+            unknown=self.core.unknown,
+            restored_nodes=self.restored,
+        )
+        return h
