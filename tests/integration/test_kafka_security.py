@@ -26,7 +26,7 @@ from factories import make_failure
 from gpuwarden.remediator import Remediator, RemediatorSettings
 from gpuwarden.shared.bus import Consumer, DeliveryError, NotAuthorizedError, Producer
 from gpuwarden.shared.metrics import ServiceMetrics
-from gpuwarden.shared.models import AttributedSample, GpuSample, JobState, NodeSample, NodeState
+from gpuwarden.shared.models import AttributedSample, GpuSample, JobState, NodeSample, NodeState, SlurmWatermark
 from gpuwarden.shared.settings import BusSettings
 from gpuwarden.sim.brokers import free_port
 from gpuwarden.sim.slurm import FakeSlurm
@@ -249,9 +249,9 @@ async def test_remediator_kafka_lease_over_sasl_ssl(secure_kafka: SecureKafka, m
         await r.stop()
 
 
-async def test_faust_correlator_over_mtls(secure_kafka: SecureKafka, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The correlator worker (faust) starts, consumes and produces over mTLS."""
-    prefix = "faust."
+async def test_correlator_over_mtls(secure_kafka: SecureKafka, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The correlator worker starts, reads the Slurm view, consumes and produces over mTLS."""
+    prefix = "corr."
     env = mtls_env(secure_kafka, GPUWARDEN_TOPIC_PREFIX=prefix)
     assert _topics_create(env, prefix).returncode == 0
     _set_env(monkeypatch, env)
@@ -267,7 +267,7 @@ async def test_faust_correlator_over_mtls(secure_kafka: SecureKafka, monkeypatch
     )
     producer = Producer(s)
     await producer.start()
-    metrics = ServiceMetrics("faustsec")
+    metrics = ServiceMetrics("corrsec")
     got: list[AttributedSample] = []
 
     async def handler(short: str, value: BaseModel, rec: Any) -> None:
@@ -282,7 +282,10 @@ async def test_faust_correlator_over_mtls(secure_kafka: SecureKafka, monkeypatch
         job = JobState(job_id="77", ts=now, state="RUNNING", user="alice", account="ml", partition="gpu",
                        nodes=["gpu-node-001"], gpus={"gpu-node-001": [0]}, start_ts=now - 60,
                        end_ts=now + 3600)  # fmt: skip
-        await producer.publish("slurm.jobs", "77", job)
+        md = await (await producer.send("slurm.jobs", "77", job))
+        # the Slurm view is complete past the samples' times once the job is read
+        wm = SlurmWatermark(cluster="sec", ts=now + 3600, jobs_offsets={md.partition: md.offset + 1})
+        await producer.publish("slurm.watermarks", "sec", wm)
         end, tick = time.monotonic() + 90, 0
         while time.monotonic() < end and not any(a.jobs for a in got):
             assert proc.poll() is None, proc.stdout.read().decode(errors="replace")[-3000:] if proc.stdout else ""

@@ -67,7 +67,7 @@ async def test_poll_publishes_snapshot_then_only_changes(watcher: tuple[SlurmWat
     w, fake, prod = watcher
     assert await w.poll_once() == 3
     assert all(v.snapshot for v in prod.of("slurm.jobs") + prod.of("slurm.nodes"))
-    assert [k for t, k, _ in prod.sent] == ["1", "gpu-node-001", "gpu-node-002"]
+    assert [k for t, k, _ in prod.sent if t != "slurm.watermarks"] == ["1", "gpu-node-001", "gpu-node-002"]
     prod.sent.clear()
     assert await w.poll_once() == 0
     await fake.update_node("gpu-node-002", "DRAIN", "gpuwarden: r gpu=0 failure=f")
@@ -81,7 +81,7 @@ async def test_poll_publishes_snapshot_then_only_changes(watcher: tuple[SlurmWat
     assert drained.node == "gpu-node-002" and drained.drained and drained.reason.startswith("gpuwarden:")
     prod.sent.clear()
     assert await w.poll_once(force_snapshot=True) == 2  # snapshot: every node, no jobs left
-    assert all(v.snapshot for _, _, v in prod.sent)
+    assert all(v.snapshot for t, _, v in prod.sent if t != "slurm.watermarks")
 
 
 async def test_poll_survives_slurm_errors(watcher: tuple[SlurmWatcher, FakeSlurm, MemProducer]) -> None:
@@ -212,7 +212,7 @@ async def test_single_publisher_lease_failover() -> None:
     assert b.status == "standby" and pb.sent == []
     await a.lease.stop()  # holder gone: b takes over with a full snapshot
     fake.jobs_list = [job("1"), job("2")]
-    assert await b.poll_once() == 3 and all(v.snapshot for _, _, v in pb.sent)
+    assert await b.poll_once() == 3 and all(v.snapshot for t, _, v in pb.sent if t != "slurm.watermarks")
     assert await a.poll_once() == 0 and a.status == "standby"
 
 
@@ -246,7 +246,7 @@ async def test_takeover_publishes_ends_missed_while_no_watcher_held_the_lease() 
     clock["t"] = 10_302.0
     assert await a.poll_once() == 1
     assert fake.ended_since_calls == [9_400.0, 9_700.0, 9_700.0]  # a never polled: now - look-back
-    _, key, end = pa.sent[-1]
+    _, key, end = [m for m in pa.sent if m[0] == "slurm.jobs"][-1]
     assert (key, end.state, end.exit_code, end.end_ts, end.confirmed, end.snapshot, end.ts) == (
         "2",
         "FAILED",
@@ -297,3 +297,18 @@ def test_kafka_lease_names_one_lease_per_cluster() -> None:
     for bad in ("", "a b", "c1;rm", "x" * 101):
         with pytest.raises(ValueError, match="invalid cluster name"):
             kafka_lease("k:9092", "gw.", bad)
+
+
+async def test_every_poll_publishes_a_watermark_at_its_observation_time(
+    watcher: tuple[SlurmWatcher, FakeSlurm, MemProducer],
+) -> None:
+    """A heartbeat on slurm.watermarks after each poll whose job read worked, changes or not;
+    none after a failed job read (the view is not complete)."""
+    w, fake, prod = watcher
+    await w.poll_once()
+    await w.poll_once()  # nothing changed: still a heartbeat
+    wms = prod.of("slurm.watermarks")
+    assert [(m.ts, m.cluster, m.polls) for m in wms] == [(100.0, "default", 1), (100.0, "default", 2)]
+    fake.raise_on_read = SlurmError("squeue failed")
+    await w.poll_once()
+    assert len(prod.of("slurm.watermarks")) == 2 and w.watermark_ts == 100.0

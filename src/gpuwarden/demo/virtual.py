@@ -23,11 +23,11 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 __all__ = ["PIPELINE_GROUPS", "Drain", "lag_of", "reader_at_end", "source_finished"]
 
-#: Consumer group (the services' defaults: ``gpuwarden-<service>``, the correlator's faust app id,
+#: Consumer group (the services' defaults: ``gpuwarden-<service>``, the correlator's group,
 #: the detector's event lane) -> the short names of the topics it reads, for everything between
 #: the simulated sources and the ``failures`` / ``remediations`` a run reports.
 PIPELINE_GROUPS: dict[str, tuple[str, ...]] = {
-    "gpuwarden-correlator": ("slurm.jobs", "allocations", "gpu.samples", "gpu.events"),
+    "gpuwarden-correlator": ("gpu.samples", "gpu.events"),
     "gpuwarden-detector": ("gpu.attributed", "job.windows"),
     "gpuwarden-detector-events": ("gpu.events", "gpu.events.attributed", "slurm.jobs", "slurm.nodes", "health"),
     "gpuwarden-remediator": ("failures",),

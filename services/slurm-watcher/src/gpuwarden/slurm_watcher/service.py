@@ -9,11 +9,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 
 from gpuwarden.shared.bus import Producer
 from gpuwarden.shared.lease import KafkaLease, Lease, NoLease
-from gpuwarden.shared.models import JobState, NodeState
+from gpuwarden.shared.models import JobState, NodeState, SlurmWatermark
 from gpuwarden.shared.service import Service
 from gpuwarden.shared.slurm import (
     TERMINAL_JOB_STATES,
@@ -152,6 +152,22 @@ class SlurmWatcher(Service):
         self._nodes: dict[str, NodeState] = {}
         self._last_snapshot: float | None = None
         self.polls = 0
+        #: slurm.jobs partition -> offset after the last record this watcher had delivered there
+        self.jobs_offsets: dict[int, int] = {}
+        #: (record, delivery future) of the slurm.jobs records sent this poll
+        self._job_sends: list[tuple[JobState, asyncio.Future[Any]]] = []
+        #: job id -> a slurm.jobs record the broker did not confirm (sent again next poll)
+        self._unsent: dict[str, JobState] = {}
+        self.watermark_ts: float | None = None
+        """``ts`` of the last watermark published (the poll's observation time), epoch s."""
+        self._wm_gauge = Gauge(
+            "gpuwarden_slurm_watermark_seconds",
+            "Event time up to which the published Slurm view is complete (ts of the last slurm.watermarks), epoch s",
+            registry=self.metrics.registry,
+        )
+        self._wm_count = Counter(
+            "gpuwarden_slurm_watermarks", "Watermarks published on slurm.watermarks, count", registry=self.metrics.registry
+        )
         self.last_poll_ts: float | None = None
         self.last_error: str | None = None
 
@@ -255,7 +271,7 @@ class SlurmWatcher(Service):
                 ]
             )
             for j in out:
-                await self.publish("slurm.jobs", j.job_id, j)
+                await self._publish_job(j)
             sent += len(out)
             if self._recover_since is not None:
                 in_squeue = {j.job_id for j in jobs_r} | {j.job_id for j in out}
@@ -275,6 +291,8 @@ class SlurmWatcher(Service):
             for n in out_n:
                 await self.publish("slurm.nodes", n.node, n)
             sent += len(out_n)
+        if not isinstance(jobs_r, BaseException):
+            await self._publish_watermark(now)
         if snapshot and ok:
             self._last_snapshot = mono
         self.polls += 1
@@ -283,6 +301,50 @@ class SlurmWatcher(Service):
         self.status = "ok" if not failures else ("unreachable" if failures >= 4 else "degraded")
         self._status_gauge.set({"ok": 1.0, "degraded": 0.5}.get(self.status, 0.0))
         return sent
+
+    async def _publish_job(self, job: JobState) -> None:
+        """Publish one ``slurm.jobs`` record; its delivery is awaited before the poll's watermark."""
+        send = getattr(self.producer, "send", None)
+        if send is None:  # a publisher without delivery metadata (tests): no offsets to report
+            await self.publish("slurm.jobs", job.job_id, job)
+            return
+        self._job_sends.append((job, await send("slurm.jobs", job.job_id, job)))
+
+    async def _publish_watermark(self, now: float) -> None:
+        """After a poll whose job read succeeded (also when nothing changed): once every
+        ``slurm.jobs`` record of it is delivered, say on ``slurm.watermarks`` that the view is
+        complete up to ``now`` (the poll's observation time) at :attr:`jobs_offsets`.
+
+        A job record the broker did not confirm (the producer logs and counts it) means no
+        watermark this poll; it is sent again on the next poll that reads the jobs, unless
+        that poll publishes a newer record of the same job.
+        """
+        sends, self._job_sends = self._job_sends, []
+        results = await asyncio.gather(*(f for _, f in sends), return_exceptions=True)
+        undelivered = 0
+        for (job, _), md in zip(sends, results, strict=True):
+            if isinstance(md, BaseException):
+                if isinstance(md, asyncio.CancelledError):
+                    raise md
+                self._unsent[job.job_id] = job
+                undelivered += 1
+                continue
+            p, o = int(md.partition), int(md.offset) + 1
+            if o > self.jobs_offsets.get(p, 0):
+                self.jobs_offsets[p] = o
+        if undelivered:
+            log.warning("%d slurm.jobs record(s) not delivered: no watermark this poll, sent again next poll", undelivered)
+            return
+        wm = SlurmWatermark(
+            cluster=self.settings.slurm_watcher_cluster,
+            ts=now,
+            jobs_offsets=dict(self.jobs_offsets),
+            polls=self.polls + 1,
+        )
+        await self.publish("slurm.watermarks", wm.cluster, wm)
+        self.watermark_ts = now
+        self._wm_gauge.set(now)
+        self._wm_count.inc()
 
     async def _recover_ends(self, since: float, in_squeue: set[str], now: float) -> int | None:
         """Publish the ends accounting has since ``since`` of jobs not in ``in_squeue`` (missed
@@ -301,7 +363,7 @@ class SlurmWatcher(Service):
             if r.job_id not in in_squeue
         ]
         for r in out:
-            await self.publish("slurm.jobs", r.job_id, r)
+            await self._publish_job(r)
         self.recovered += len(out)
         if out:
             log.info("takeover: published %d job ends since %.0f from accounting", len(out), since)
@@ -326,5 +388,7 @@ class SlurmWatcher(Service):
             last_error=self.last_error,
             jobs=len(self._jobs),
             nodes=len(self._nodes),
+            watermark_ts=self.watermark_ts,
+            watermarks=self.watermarks,
         )
         return h

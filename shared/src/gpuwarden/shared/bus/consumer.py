@@ -210,6 +210,12 @@ class Consumer:
             if c.assignment():
                 self.assigned.set()
             if not batches:
+                if self._handled and self.checkpoint is not None:
+                    # records held by the caller are released without new input: commit them too
+                    try:
+                        await self._commit(c)
+                    except (DeliveryError, KafkaError) as exc:
+                        log.warning("%s: commit failed (%s); retried at the next one", self.service, exc)
                 continue
             first = {tp: recs[0].offset for tp, recs in batches.items() if recs}
             clock = time.monotonic
