@@ -74,6 +74,11 @@ IDLE_PARTITION_S = 300.0  # event time: a partition this far behind the newest c
 FOLD_WAIT_S = 5.0  # event time a condition with ``fold_into`` waits for the event that explains it
 
 
+#: A job's window start is evaluated with the windows it has once the job's newest node is this
+#: many windows past it (a node that stopped reporting must not hold the job's rules forever).
+WINDOW_LAG = 6
+
+
 @dataclass
 class _GpuInfo:
     uuid: str | None = None
@@ -147,6 +152,8 @@ class Detector:
         self._silence_checked = 0.0
         self._part_watermarks: dict[int, float] = {}
         self._windows: dict[str, dict[float, dict[tuple[str, int], JobWindow]]] = {}
+        #: job -> node -> newest window_start seen from that node (the job's window progress per node)
+        self._window_marks: dict[str, dict[str, float]] = {}
         self._history: dict[str, list[list[JobWindow]]] = {}
         self._job_ctx: dict[str, JobContext] = {}
         self._job_starts: dict[str, float] = {}
@@ -216,15 +223,27 @@ class Detector:
         return out
 
     def on_window(self, w: JobWindow) -> list[Failure]:
-        """Job-scope condition rules, once all GPUs of a job reported a window (or a newer one began)."""
+        """Job-scope condition rules over one window start of a job, once it is complete: all
+        the job's GPUs reported it, or every node of the job has reported a newer window, or
+        the newest node is :data:`WINDOW_LAG` windows past it (a node that stopped reporting).
+
+        Readiness depends on the windows' event times, not on the order in which nodes'
+        windows arrive: windows of a job's nodes come from different correlator partitions and
+        can arrive a few windows apart (a replay at 50x releases a node's held samples in bulk).
+        """
         groups = self._windows.setdefault(w.job_id, {})
         group = groups.setdefault(w.window_start, {})
         group[(w.node, w.gpu_index)] = w
+        marks = self.__dict__.setdefault("_window_marks", {}).setdefault(w.job_id, {})
+        marks[w.node] = max(marks.get(w.node, w.window_start), w.window_start)
+        low, high = min(marks.values()), max(marks.values())
+        lag = WINDOW_LAG * max(w.window_end - w.window_start, 1e-9)
         ready = [
             start
             for start in sorted(groups)
-            if start < w.window_start
-            or (start == w.window_start and w.job_gpus is not None and len(group) >= w.job_gpus)
+            if start < low
+            or start <= high - lag
+            or (w.job_gpus is not None and len(groups[start]) >= w.job_gpus)
         ]
         out: list[Failure] = []
         for start in ready:
@@ -407,6 +426,7 @@ class Detector:
         out: list[Failure] = []
         end = job.end_ts if job.end_ts is not None else job.ts
         self._windows.pop(job.job_id, None)
+        self.__dict__.get("_window_marks", {}).pop(job.job_id, None)
         self._history.pop(job.job_id, None)
         self._job_ctx.pop(job.job_id, None)
         self._job_starts.pop(job.job_id, None)
