@@ -1,5 +1,5 @@
 """``job.windows`` from correlator worker processes on a real broker: restart recovery of the
-open windows (faust table changelog) and two workers splitting the partitions."""
+open windows (the correlator.windows changelog) and two workers splitting the partitions."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.partitioner import DefaultPartitioner
 
-from gpuwarden.shared.models import GpuSample, JobState, JobWindow, NodeSample
+from gpuwarden.shared.models import GpuSample, JobState, JobWindow, NodeSample, SlurmWatermark
 from gpuwarden.sim.brokers import free_port
 
 pytestmark = pytest.mark.integration
@@ -109,8 +109,17 @@ async def produce(bootstrap: str, items: list[tuple[str, bytes, bytes]]) -> None
     p = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False, acks=1, linger_ms=5)
     await p.start()
     try:
+        offsets: dict[str, dict[int, int]] = {}
         for topic, key, value in items:
-            await p.send(topic, value=value, key=key)
+            if topic.endswith("slurm.jobs"):
+                md = await p.send_and_wait(topic, value=value, key=key)
+                offsets.setdefault(topic, {})[md.partition] = md.offset + 1
+            else:
+                await p.send(topic, value=value, key=key)
+        for topic, jobs_offsets in offsets.items():
+            # what slurm-watcher says after its poll: the view is complete (here: for good)
+            wm = SlurmWatermark(cluster="test", ts=T0 + 10**6, jobs_offsets=jobs_offsets)
+            await p.send_and_wait(topic.removesuffix("jobs") + "watermarks", value=wm.to_json(), key=b"test")
         await p.flush()
     finally:
         await p.stop()
@@ -192,14 +201,14 @@ async def test_open_windows_survive_a_worker_restart(workers: Workers, kafka_boo
     node = "gpu-node-001"
     a, port_a = workers.start()
     await produce(kafka_bootstrap, [(t("slurm.jobs"), b"2001", job("2001", [node]).to_json())])
-    await wait_for(lambda: metric(port_a, "gpuwarden_messages_in_total", "allocations") >= 1, "allocation", [a])
+    await wait_for(lambda: metric(port_a, "gpuwarden_correlator_slurm_watermark_seconds") > 0, "Slurm view", [a])
     # 0..7 s: window [T0, T0+10) is open when the worker stops.
     await produce(kafka_bootstrap, [(t("gpu.samples"), node.encode(), s.to_json()) for s in samples(node, range(8))])
     # Attributed and windowed in the sample handler (gpu.attributed is not consumed back).
     await wait_for(
         lambda: metric(port_a, "gpuwarden_messages_out_total", "gpu.attributed") >= 8, "8 windowed samples", [a]
     )
-    workers.stop(a)
+    out_a = workers.stop(a)
 
     b, port_b = workers.start()
     # 8..16 s: 16 >= T0 + 10 + grace closes the first window, which must hold all 10 samples.
@@ -208,10 +217,10 @@ async def test_open_windows_survive_a_worker_restart(workers: Workers, kafka_boo
     )
     await wait_for(lambda: metric(port_b, "gpuwarden_messages_out_total", "job.windows") >= 2, "the first window", [b])
     wins = await read_windows(kafka_bootstrap, t("job.windows"), 2)
-    assert sorted((k, w.job_id, w.gpu_index, w.window_start, w.samples) for k, w in wins) == [
-        (b"2001", "2001", 0, T0, 10),
-        (b"2001", "2001", 1, T0, 10),
-    ]
+    got = sorted((k, w.job_id, w.gpu_index, w.window_start, w.samples) for k, w in wins)
+    if got != [(b"2001", "2001", 0, T0, 10), (b"2001", "2001", 1, T0, 10)]:
+        out_b = workers.stop(b)
+        raise AssertionError(f"{got}\n--- a ---\n{out_a[-3000:]}\n--- b ---\n{out_b[-5000:]}")
     w0 = next(w for _, w in wins if w.gpu_index == 0)
     # Readings from before the restart are in the summary (recovered from the changelog).
     assert (w0.memory_used_mib_first, w0.memory_used_mib_last, w0.utilization_gpu_pct_min) == (0.0, 900.0, 0.0)
@@ -232,13 +241,6 @@ async def _committed(bootstrap: str, group: str, topic: str) -> int:
         await admin.close()
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="faust-streaming 0.15 acks, unhandled, a stream event that reaches the stream while flow "
-    "control is suspended or from another generation (a record fetched between partition assignment "
-    "and faust pausing it): the restarted worker commits past a reading it never handled (about 1 "
-    "run in 20 here; services/correlator/README.md, 'Known limits')",
-)
 async def test_open_windows_survive_a_worker_crash_after_a_commit(
     workers: Workers, kafka_bootstrap: str, topic_prefix: str
 ) -> None:
@@ -250,7 +252,7 @@ async def test_open_windows_survive_a_worker_crash_after_a_commit(
     node = "gpu-node-002"
     a, port_a = workers.start()
     await produce(kafka_bootstrap, [(t("slurm.jobs"), b"2002", job("2002", [node]).to_json())])
-    await wait_for(lambda: metric(port_a, "gpuwarden_messages_in_total", "allocations") >= 1, "allocation", [a])
+    await wait_for(lambda: metric(port_a, "gpuwarden_correlator_slurm_watermark_seconds") > 0, "Slurm view", [a])
     await produce(kafka_bootstrap, [(t("gpu.samples"), node.encode(), s.to_json()) for s in samples(node, range(8))])
     await wait_for(
         lambda: metric(port_a, "gpuwarden_messages_out_total", "gpu.attributed") >= 8, "8 windowed samples", [a]
@@ -283,7 +285,7 @@ async def test_open_windows_survive_a_worker_crash_after_a_commit(
         seen = {
             "committed before the kill": committed_before_kill,
             "b: gpu.samples in": metric(port_b, "gpuwarden_messages_in_total", "gpu.samples"),
-            "b: allocations in": metric(port_b, "gpuwarden_messages_in_total", "allocations"),
+            "b: Slurm watermark": metric(port_b, "gpuwarden_correlator_slurm_watermark_seconds"),
             "b: late samples": metric(port_b, "gpuwarden_late_samples"),
             "windows (gpu, samples, mem first, mem last, util mean)": [
                 (w.gpu_index, w.samples, w.memory_used_mib_first, w.memory_used_mib_last, w.utilization_gpu_pct_mean)
@@ -348,10 +350,10 @@ async def test_two_workers_split_partitions_and_produce_each_window_once(
     await wait_for(balanced, "a stable group of two", [a, b])
     await produce(kafka_bootstrap, [(t("slurm.jobs"), b"3001", job("3001", nodes).to_json())])
 
-    def allocations_in() -> float:
-        return sum(metric(p, "gpuwarden_messages_in_total", "allocations") for p in (port_a, port_b))
+    def views() -> bool:
+        return all(metric(p, "gpuwarden_correlator_slurm_watermark_seconds") > 0 for p in (port_a, port_b))
 
-    await wait_for(lambda: allocations_in() >= len(nodes), "allocations of every node", [a, b])
+    await wait_for(views, "the Slurm view of both workers", [a, b])
     items = [(t("gpu.samples"), n.encode(), s.to_json()) for n in nodes for s in samples(n, range(25))]
     items += [(t("gpu.samples"), n.encode(), s.to_json()) for n in nodes for s in samples(n, range(100, 101))]
     await produce(kafka_bootstrap, items)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -153,9 +154,12 @@ class ApacheKafka:
             )
         except subprocess.CalledProcessError as exc:
             raise BrokerError(f"deploy/kafka.sh start failed: {exc.stderr[-2000:]}") from exc
-        for line in out.stdout.splitlines():
-            if line.startswith("bootstrap="):
-                self.bootstrap_servers = line.split("=", 1)[1]
+        # Maven may colour its output (ANSI escapes before the line): strip them, then look
+        # for the address anywhere in a line
+        for line in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.stdout).splitlines():
+            m = re.search(r"bootstrap=(\S+)", line)
+            if m:
+                self.bootstrap_servers = m.group(1)
                 return self.bootstrap_servers
         raise BrokerError(f"deploy/kafka.sh printed no bootstrap address: {out.stdout!r}")
 

@@ -274,7 +274,7 @@ class Correlator:
         queue.append(rec)
         self.held_count += 1
         if len(queue) > self.max_held_per_node:
-            return self._release_node(node, queue, self.view.watermark(), math.inf)
+            return self._release_node(node, queue, self.view.watermark(), -math.inf)
         return []
 
     def release(self) -> list[Output]:

@@ -28,6 +28,7 @@ it fetches for the new assignment).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
@@ -92,10 +93,11 @@ class SlurmReader:
         await c.start()
         self.consumer = c
         tps = []
+        md = await _metadata(self.settings)
         for topic in (self._jobs_topic, self._wm_topic):
-            parts = c.partitions_for_topic(topic)
+            parts = md.partitions_for_topic(topic)
             if not parts:
-                await c.stop()
+                await self.stop()
                 raise RuntimeError(f"topic {topic} does not exist: create the topics first (gpuwarden topics create)")
             tps += [TopicPartition(topic, p) for p in sorted(parts)]
         c.assign(tps)
@@ -115,7 +117,9 @@ class SlurmReader:
     async def stop(self) -> None:
         c, self.consumer = self.consumer, None
         if c is not None:
-            await c.stop()
+            # aiokafka's consumer may surface its own cancelled commit-reset task here
+            with contextlib.suppress(asyncio.CancelledError):
+                await c.stop()
 
     async def run(self) -> None:
         c = self.consumer
@@ -152,6 +156,22 @@ class SlurmReader:
             return bool(self.view.apply_job(value))
         assert isinstance(value, SlurmWatermark)
         return self.view.on_watermark(value)
+
+
+async def _metadata(settings: CorrelatorSettings, timeout_s: float = 30.0) -> Any:
+    """The cluster's metadata (topics and their partitions).
+
+    Raises:
+        aiokafka.errors.KafkaError, TimeoutError: no broker answers.
+    """
+    from aiokafka import AIOKafkaClient
+
+    client = AIOKafkaClient(**settings.kafka_kwargs(), request_timeout_ms=int(timeout_s * 1000))
+    await asyncio.wait_for(client.bootstrap(), timeout_s)
+    try:
+        return await asyncio.wait_for(client.fetch_all_metadata(), timeout_s)
+    finally:
+        await client.close()
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -198,6 +218,9 @@ class CorrelatorService(Service):
         self.checkpoints = 0
         self._lane = LANES[settings.correlator_lane]
         self._consumer: Any = None
+        #: set while the assigned partitions' windows are restored (aiokafka may hand over records
+        #: fetched for the new assignment while the listener still restores: they wait)
+        self._restored = asyncio.Event()
         reg = self.metrics.registry
         self._wm_gauge = Gauge("gpuwarden_correlator_slurm_watermark_seconds",
                                "Event time up to which the Slurm view is complete, epoch s", registry=reg)  # fmt: skip
@@ -233,14 +256,7 @@ class CorrelatorService(Service):
         Raises:
             RuntimeError: it is missing or has another partition count.
         """
-        from aiokafka import AIOKafkaClient
-
-        client = AIOKafkaClient(**self.settings.kafka_kwargs(), request_timeout_ms=30000)
-        await asyncio.wait_for(client.bootstrap(), 30)
-        try:
-            md = await asyncio.wait_for(client.fetch_all_metadata(), 30)
-        finally:
-            await client.close()
+        md = await _metadata(self.settings)
         counts = {t: len(md.partitions_for_topic(self.settings.topic(t)) or ()) for t in ("gpu.samples", CHANGELOG)}
         if counts[CHANGELOG] == 0:
             raise RuntimeError(f"topic {self.settings.topic(CHANGELOG)} does not exist: create the topics first "
@@ -250,6 +266,8 @@ class CorrelatorService(Service):
 
     # -- records ------------------------------------------------------------------------
     async def _handle(self, topic: str, value: BaseModel, rec: ConsumerRecord) -> None:
+        if not self._restored.is_set():
+            await self._restored.wait()
         if isinstance(value, NodeSample):
             outs = self.core.on_sample(value, rec.value, rec.partition, rec.offset)
         elif isinstance(value, GpuEvent):
@@ -292,6 +310,7 @@ class CorrelatorService(Service):
         return covered
 
     async def revoked(self, revoked: set[TopicPartition]) -> None:
+        self._restored.clear()
         if self._consumer is not None:
             try:
                 await self._consumer.commit_now()
@@ -305,6 +324,7 @@ class CorrelatorService(Service):
         parts = sorted(tp.partition for tp in assigned if tp.topic == self.settings.topic("gpu.samples"))
         if parts:
             self.restored += await self._restore(parts)
+        self._restored.set()
         log.info("correlator: partitions assigned %s", sorted((tp.topic, tp.partition) for tp in assigned))
 
     async def _restore(self, partitions: list[int]) -> int:
