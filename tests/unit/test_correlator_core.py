@@ -7,7 +7,7 @@ import base64
 import orjson
 import pytest
 
-from gpuwarden.correlator.core import Correlator, MemoryAllocationStore, Output
+from gpuwarden.correlator.core import INPUT_TOPICS, OUTPUT_TOPICS, Correlator, MemoryAllocationStore, Output
 from gpuwarden.shared.bus import decode
 from gpuwarden.shared.metrics import ServiceMetrics
 from gpuwarden.shared.models import (
@@ -30,21 +30,15 @@ def topic(short: str) -> str:
 
 @pytest.fixture
 def core() -> Correlator:
-    return Correlator(
-        MemoryAllocationStore(), topic, retention_s=600, metrics=ServiceMetrics("correlator"), clock=lambda: 1234.0
-    )
+    """Without a view: an ungated SlurmView (no hold), as in-process runs use it."""
+    return Correlator(topic_name=topic, retention_s=600, metrics=ServiceMetrics("correlator"), clock=lambda: 1234.0)
 
 
 def run(core: Correlator, short: str, value: bytes, key: bytes | None = None) -> list[Output]:
-    """Handle one message and loop allocations back like the broker would."""
+    """Handle one message; nothing is looped back (there is no ``allocations`` topic any more)."""
     outs = core.handle(short, value, key)
-    rest = []
-    for o in outs:
-        if o.topic == "allocations":
-            assert core.handle("allocations", o.value, o.key.encode() if o.key else None) == []
-        else:
-            rest.append(o)
-    return rest
+    assert all(o.topic in OUTPUT_TOPICS for o in outs)
+    return outs
 
 
 def job(state: str = "RUNNING", ts: float = 100.0, end_ts: float | None = None) -> bytes:
@@ -72,11 +66,15 @@ def xid(ts: float, gpu: int) -> bytes:
     ).to_json()
 
 
-def test_job_fans_out_to_allocations_keyed_by_node(core: Correlator) -> None:
-    outs = core.handle("slurm.jobs", job(), b"1001")
-    assert [(o.topic, o.key) for o in outs] == [("allocations", NODE)]
-    rec = orjson.loads(outs[0].value)
+def test_job_is_applied_to_the_view_per_node(core: Correlator) -> None:
+    """A JobState fans out into the view's allocations of each of its nodes; nothing is published."""
+    assert core.handle("slurm.jobs", job(), b"1001") == []
+    assert "allocations" not in INPUT_TOPICS + OUTPUT_TOPICS
+    [alloc] = core.view.allocations(NODE).values()
+    rec = orjson.loads(alloc.model_dump_json())
     assert rec["node"] == NODE and rec["job_id"] == "1001" and rec["gpus"] == [0, 1]
+    assert (rec["user"], rec["start_ts"], rec["end_ts"], rec["state"]) == ("alice", 50.0, None, "RUNNING")
+    assert core.view.allocations("other-node") == {}
     assert set(rec) >= {
         "node",
         "job_id",
@@ -115,10 +113,13 @@ def test_attributed_sample_is_exactly_the_pure_join(core: Correlator) -> None:
     for ts, update in [(60.0, None), (61.0, None), (150.0, job("COMPLETED", ts=200.0, end_ts=190.0)), (195.0, None)]:
         if update is not None:
             run(core, "slurm.jobs", update)
-        allocs = core._allocations(NODE)
-        expected = dumps(attribute_sample(decode("gpu.samples", sample(ts)), allocs))  # type: ignore[arg-type]
+        allocs = core.view.allocations(NODE)
+        pure = attribute_sample(decode("gpu.samples", sample(ts)), allocs)  # type: ignore[arg-type]
         [s] = [o for o in run(core, "gpu.samples", sample(ts)) if o.topic == "gpu.attributed"]
-        assert s.value == expected
+        # The hot path writes ``attribution`` only when it is not the default ("known").
+        assert s.value == orjson.dumps(pure.model_dump(mode="json", exclude_none=True, exclude={"attribution"}))
+        assert decode("gpu.attributed", s.value) == pure and pure.attribution == "known"
+        assert orjson.loads(s.value) | {"attribution": "known"} == orjson.loads(dumps(pure))
 
 
 def test_sample_of_unknown_node_is_published_without_jobs(core: Correlator) -> None:
@@ -131,13 +132,15 @@ def test_finished_job_expires_after_retention_in_event_time(core: Correlator) ->
     run(core, "slurm.jobs", job("COMPLETED", ts=200.0, end_ts=190.0))
     late = decode("gpu.attributed", run(core, "gpu.samples", sample(150.0))[0].value)
     assert late.jobs  # type: ignore[attr-defined]
-    run(core, "gpu.samples", sample(190.0 + 600))  # event time passes the retention
-    assert core.store.get(NODE) == {}
+    # Ungated, event time is the newest JobState's ts: a job elsewhere passes the retention.
+    other = JobState(job_id="2002", ts=190.0 + 600, state="RUNNING", nodes=["gpu-node-002"], gpus={"gpu-node-002": [0]})
+    assert run(core, "slurm.jobs", other.to_json()) == []
+    assert core.view.allocations(NODE) == {}
     late = decode("gpu.attributed", run(core, "gpu.samples", sample(150.0))[0].value)
     assert late.jobs == []  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("short", ["slurm.jobs", "allocations", "gpu.samples", "gpu.events"])
+@pytest.mark.parametrize("short", ["slurm.jobs", "slurm.watermarks", "gpu.samples", "gpu.events"])
 @pytest.mark.parametrize("value", [b"not json", b'{"schema_version": 1, "node": "x"}', b"[]"])
 def test_malformed_message_on_any_input_becomes_a_dead_letter(core: Correlator, short: str, value: bytes) -> None:
     [o] = core.handle(short, value, b"k", partition=3, offset=42)
@@ -162,7 +165,7 @@ def test_handler_error_is_dead_lettered_and_processing_goes_on(core: Correlator)
         def get(self, node: str) -> dict[str, object] | None:
             raise RuntimeError("store down")
 
-    c = Correlator(Broken(), topic)
+    c = Correlator(topic_name=topic, windows=Broken())
     [o] = c.handle("gpu.samples", sample(1.0))
     assert o.topic == "deadletter"
     assert decode("deadletter", o.value).error == "handler: RuntimeError: store down"  # type: ignore[attr-defined]
@@ -171,6 +174,8 @@ def test_handler_error_is_dead_lettered_and_processing_goes_on(core: Correlator)
 def test_unknown_topic_is_a_programming_error(core: Correlator) -> None:
     with pytest.raises(KeyError):
         core.handle("failures", b"{}")
+    with pytest.raises(KeyError):  # the internal topic of the faust app is gone
+        core.handle("allocations", b"{}")
 
 
 def test_metrics_count_in_and_out(core: Correlator) -> None:
@@ -178,6 +183,7 @@ def test_metrics_count_in_and_out(core: Correlator) -> None:
     run(core, "gpu.samples", sample(60.0))
     m = core.metrics
     assert m is not None
+    assert m.messages_in.labels("slurm.jobs")._value.get() == 1
     assert m.messages_in.labels("gpu.samples")._value.get() == 1
     assert m.messages_out.labels("gpu.attributed")._value.get() == 1
-    assert m.messages_out.labels("allocations")._value.get() == 1
+    assert m.messages_out.labels("job.windows")._value.get() == 0

@@ -1,6 +1,6 @@
 """The correlator dead-letters an oversize record by reference, with the shared rule of
 :func:`gpuwarden.shared.bus.dead_letter_of` (issue 13: a ~1 MB record made a 1.35 MB dead letter
-the producer refused, and the faust agent crashed on it)."""
+the producer refused, and the faust agent of the time crashed on it)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import base64
 
 import pytest
 
-from gpuwarden.correlator.core import Correlator, MemoryAllocationStore
+from gpuwarden.correlator.core import Correlator
 from gpuwarden.shared import bus
 from gpuwarden.shared.bus import DEAD_LETTER_MAX_BYTES, DEAD_LETTER_PREFIX_BYTES, MAX_MESSAGE_BYTES, deadletter, decode
 from gpuwarden.shared.models import DeadLetter
@@ -19,7 +19,7 @@ def topic(short: str) -> str:
 
 
 def correlator() -> Correlator:
-    return Correlator(MemoryAllocationStore(), topic, clock=lambda: 1234.0)
+    return Correlator(topic_name=topic, clock=lambda: 1234.0)
 
 
 @pytest.mark.parametrize("size", [800_000, 1_000_000, 1_200_000])

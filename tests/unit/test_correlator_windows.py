@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gpuwarden.correlator.core import Correlator, MemoryAllocationStore
+from gpuwarden.correlator.core import Correlator
 from gpuwarden.correlator.windows import add_sample, window_start
 from gpuwarden.shared.bus import decode
 from gpuwarden.shared.metrics import ServiceMetrics
@@ -189,12 +189,12 @@ def test_replay_in_another_order_gives_identical_windows(seed: int) -> None:
 
 def test_correlator_windows_the_samples_it_attributes_late_and_bad() -> None:
     metrics = ServiceMetrics("correlator")
-    c = Correlator(MemoryAllocationStore(), lambda s: f"x.{s}", metrics=metrics, window_s=10, window_grace_s=2)
+    c = Correlator(topic_name=lambda s: f"x.{s}", metrics=metrics, window_s=10, window_grace_s=2)
     job = JobState(
         job_id="j", ts=T0 - 10, state="RUNNING", user="alice", partition="gpu", nodes=["n1"], gpus={"n1": [0, 1]}
     )
-    for o in c.handle("slurm.jobs", job.to_json()):
-        assert c.handle("allocations", o.value) == []
+    assert c.handle("slurm.jobs", job.to_json()) == []  # applied to the (ungated) view
+    assert set(c.view.allocations("n1")) == {"j"}
 
     def sample(ts: float) -> bytes:
         return NodeSample(
@@ -222,10 +222,9 @@ def test_correlator_windows_the_samples_it_attributes_late_and_bad() -> None:
 def test_correlator_windows_equal_the_pure_fold_of_what_it_publishes() -> None:
     """Windowing in the sample handler (in place) gives exactly the windows of folding its
     ``gpu.attributed`` output with the pure :func:`add_sample`, as the separate agent did."""
-    c = Correlator(MemoryAllocationStore(), lambda s: f"x.{s}", window_s=10, window_grace_s=5)
+    c = Correlator(topic_name=lambda s: f"x.{s}", window_s=10, window_grace_s=5)
     job = JobState(job_id="a", ts=T0 - 10, state="RUNNING", nodes=["n1", "n2"], gpus={"n1": [0, 1], "n2": [0, 1, 3]})
-    for o in c.handle("slurm.jobs", job.to_json()):
-        c.handle("allocations", o.value)
+    assert c.handle("slurm.jobs", job.to_json()) == []
     samples = [s.sample for s in _shuffle_within(_fleet(7), random.Random(7), 5) if s.sample.node in ("n1", "n2")]
     samples += [NodeSample(node=n, ts=T0 + 200, collector_id="c", source="simulated", gpus=[]) for n in ("n1", "n2")]
     published: list[AttributedSample] = []

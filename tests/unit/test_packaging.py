@@ -1,5 +1,6 @@
 """Each service installs alone with only its own dependencies: the node-side packages
-(collector, health-check) neither declare nor import faust or OpenTelemetry."""
+(collector, health-check) neither declare nor import faust or OpenTelemetry, and the correlator
+(off faust-streaming: the shared aiokafka consumer) neither declares nor imports faust."""
 
 from __future__ import annotations
 
@@ -34,17 +35,31 @@ def test_node_side_modules_import_without_faust_or_opentelemetry(module: str) ->
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+@pytest.mark.parametrize(
+    "module",
+    [
+        "gpuwarden.correlator.core",
+        "gpuwarden.correlator.slurmview",
+        "gpuwarden.correlator.service",
+        "gpuwarden.correlator.cli",
+    ],
+)
+def test_correlator_modules_import_without_faust(module: str) -> None:
+    proc = _import_blocked(module, ("faust", "mode"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def test_the_import_blocker_does_block() -> None:
-    proc = _import_blocked("gpuwarden.correlator.app")  # needs faust
-    assert proc.returncode != 0 and "blocked: faust" in proc.stderr
+    proc = _import_blocked("gpuwarden.correlator.service", ("aiokafka",))  # the shared consumer needs aiokafka
+    assert proc.returncode != 0 and "blocked: aiokafka" in proc.stderr
 
 
-def _import_blocked(module: str) -> subprocess.CompletedProcess[str]:
+def _import_blocked(module: str, blocked: tuple[str, ...] = HEAVY) -> subprocess.CompletedProcess[str]:
     blocker = (
         "import sys\n"
         "class Block:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
-        f"        if name.split('.')[0] in {HEAVY!r}:\n"
+        f"        if name.split('.')[0] in {blocked!r}:\n"
         "            raise ImportError('blocked: ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
         f"import {module}\n"
@@ -53,6 +68,8 @@ def _import_blocked(module: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_service_packages_declare_what_they_import() -> None:
-    assert any(d.startswith("faust-streaming") for d in deps("services/correlator"))
+    assert not [d for d in deps("services/correlator") if d.startswith(("faust", "mode"))]
+    assert any(d.startswith("gpuwarden-shared") for d in deps("services/correlator"))
+    assert any(d.startswith("aiokafka") for d in deps("shared"))  # the correlator's consumer and producer
     assert any(d.startswith("opentelemetry-sdk") for d in deps("services/otlp-bridge"))
     assert any(d.startswith("nvidia-ml-py") for d in deps("services/collector"))

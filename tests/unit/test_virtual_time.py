@@ -8,7 +8,7 @@ import os
 import orjson
 from aiokafka import TopicPartition
 
-from gpuwarden.correlator.core import Correlator, MemoryAllocationStore, attributed_json
+from gpuwarden.correlator.core import Correlator, attributed_json
 from gpuwarden.demo.virtual import PIPELINE_GROUPS, lag_of, source_finished
 from gpuwarden.detector.lanes import EVENT_LANE, SAMPLE_LANE
 from gpuwarden.shared.bus import decode
@@ -66,10 +66,9 @@ def _sample(ts: float) -> NodeSample:
 
 
 def test_attributed_output_embeds_the_input_and_decodes_to_the_same_model() -> None:
-    c = Correlator(MemoryAllocationStore(), lambda s: s)
+    c = Correlator()
     job = JobState(job_id="7", ts=900.0, state="RUNNING", nodes=["n1"], gpus={"n1": [1]}, start_ts=900.0)
-    for o in c.handle("slurm.jobs", job.to_json()):
-        c.handle("allocations", o.value)
+    assert c.handle("slurm.jobs", job.to_json()) == []
     raw = dumps(_sample(1000.0)) + b"\n"
     [att] = [o for o in c.handle("gpu.samples", raw) if o.topic == "gpu.attributed"]
     assert att.value.startswith(b'{"schema_version":1,"sample":' + raw.strip() + b',"jobs":')
@@ -78,6 +77,8 @@ def test_attributed_output_embeds_the_input_and_decodes_to_the_same_model() -> N
     assert got.sample == _sample(1000.0)
     assert [(j.gpu_index, j.job_id) for j in got.jobs] == [(1, "7")]
     assert orjson.loads(attributed_json(b' {"a":1} ', b"[]")) == {"schema_version": 1, "sample": {"a": 1}, "jobs": []}
+    unknown = orjson.loads(attributed_json(b' {"a":1} ', b"[]", known=False))
+    assert unknown == {"schema_version": 1, "sample": {"a": 1}, "jobs": [], "attribution": "unknown"}
 
 
 def test_rss_of_this_process_and_of_none() -> None:
