@@ -400,7 +400,9 @@ class AttributedEvent(Model):
         default_factory=list, description="All jobs on the node (for node-wide events without a GPU)"
     )
     attribution: Attribution = Field(
-        "known", description="known, or unknown: Slurm's view did not reach event.ts within the hold (see AttributedSample)"
+        "known",
+        description="known, or unknown: Slurm's view did not reach event.ts within the hold "
+        "(see AttributedSample)",
     )
 
 

@@ -199,7 +199,9 @@ class CorrelatorService(Service):
         super().__init__(settings, producer)
         self.settings: CorrelatorSettings = settings
         if producer is None:
-            self.producer = Producer(settings, self.metrics, linger_ms=int(settings.correlator_producer_linger_s * 1000))
+            self.producer = Producer(
+                settings, self.metrics, linger_ms=int(settings.correlator_producer_linger_s * 1000)
+            )
         self.view = SlurmView(settings.correlator_retention_s, gated=True)
         self.core = Correlator(
             self.view,

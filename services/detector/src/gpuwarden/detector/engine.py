@@ -241,9 +241,7 @@ class Detector:
         ready = [
             start
             for start in sorted(groups)
-            if start < low
-            or start <= high - lag
-            or (w.job_gpus is not None and len(groups[start]) >= w.job_gpus)
+            if start < low or start <= high - lag or (w.job_gpus is not None and len(groups[start]) >= w.job_gpus)
         ]
         out: list[Failure] = []
         for start in ready:
