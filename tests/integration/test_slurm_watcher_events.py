@@ -129,6 +129,8 @@ async def test_job_and_node_event_sequences(slurm_cluster: list[str]) -> None:
     d = drain_seen()[0]
     assert "DRAIN" in d.flags and d.reason_user == "root" and d.reason_ts and abs(d.reason_ts - time.time()) < 300
     assert w.status == "ok"
+    wms = prod.of("slurm.watermarks")  # a heartbeat per poll; offsets: see test_slurm_watcher_watermark_kafka
+    assert 0 < len(wms) <= w.polls and wms[-1].ts == w.last_poll_ts
 
 
 async def test_rest_backend_on_real_slurmrestd(slurm_cluster: list[str]) -> None:

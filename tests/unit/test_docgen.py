@@ -170,7 +170,7 @@ def test_topic_registry_names_real_producers_and_consumers() -> None:
     assert consumers("otlp-bridge") == set(CONSUMED_TOPICS)
     assert consumers("console") == set(CONSOLE_TOPICS)
     assert produced("collector") == {"gpu.samples", "gpu.events"}
-    assert produced("slurm-watcher") == {"slurm.jobs", "slurm.nodes"}
+    assert produced("slurm-watcher") == {"slurm.jobs", "slurm.nodes", "slurm.watermarks"}
 
 
 def _section(text: str, heading: str) -> str:

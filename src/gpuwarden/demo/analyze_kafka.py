@@ -21,8 +21,9 @@ from aiokafka import AIOKafkaConsumer
 from pydantic import ValidationError
 
 from gpuwarden.shared.bus import Producer
-from gpuwarden.shared.models import Failure, GpuEvent, JobState, NodeSample
+from gpuwarden.shared.models import Failure, GpuEvent, JobState, NodeSample, SlurmWatermark
 from gpuwarden.shared.settings import BusSettings
+from gpuwarden.shared.slurm_progress import JobsOffsets
 from gpuwarden.shared.topics import create_topics
 from gpuwarden.sim.brokers import free_port
 
@@ -31,6 +32,8 @@ from .runner import spawn_service, stop_services, wait_healthy
 __all__ = ["analyze_via_kafka"]
 
 SERVICES = [("correlator", "gpuwarden.correlator"), ("detector", "gpuwarden.detector")]
+#: Cluster name of the watermarks this run publishes (the slurm-watcher's default).
+CLUSTER = "default"
 
 
 async def analyze_via_kafka(
@@ -83,10 +86,15 @@ async def analyze_via_kafka(
         producer = Producer(BusSettings(bootstrap_servers=bootstrap_servers, topic_prefix=prefix))
         await producer.start()
         try:
+            # Slurm's view as the correlator needs it: the job, then a watermark saying the view is
+            # complete through the recording (the job holds its GPUs until its end, at ``end``)
+            end = max([s.ts for s in samples] + [e.ts for e in events], default=job.ts if job else 0.0)
+            offsets = JobsOffsets()
             if job is not None:
-                await producer.publish("slurm.jobs", job.job_id, job)
-                await producer.flush()
-                await _allocation_known(bootstrap_servers, prefix, deadline)
+                offsets.note(await (await producer.send("slurm.jobs", job.job_id, job)))
+            await producer.publish(
+                "slurm.watermarks", CLUSTER, SlurmWatermark(cluster=CLUSTER, ts=end, jobs_offsets=offsets.offsets)
+            )
             evs = sorted(events, key=lambda e: e.ts)
             ei = 0
             for s in samples:
@@ -97,9 +105,11 @@ async def analyze_via_kafka(
             for e in evs[ei:]:
                 await producer.publish("gpu.events", e.node, e)
             if job is not None:
-                end = max([s.ts for s in samples] + [e.ts for e in evs])
                 done = job.model_copy(update={"ts": end, "state": "COMPLETED", "end_ts": end})
-                await producer.publish("slurm.jobs", job.job_id, done)
+                offsets.note(await (await producer.send("slurm.jobs", job.job_id, done)))
+            # the end is in the view too: complete up to 1 s past the recording
+            wm = SlurmWatermark(cluster=CLUSTER, ts=end + 1.0, jobs_offsets=offsets.offsets)
+            await producer.publish("slurm.watermarks", CLUSTER, wm)
             await producer.flush()
         finally:
             await producer.stop()
@@ -123,23 +133,6 @@ async def analyze_via_kafka(
         await reader.stop()
         await stop_services(procs)
     return failures
-
-
-async def _allocation_known(bootstrap: str, prefix: str, deadline: float) -> None:
-    """Wait until the correlator has re-keyed the job onto its nodes (``allocations``), so that the
-    recording's first samples are joined with it, as in a live cluster where the job starts first."""
-    c = AIOKafkaConsumer(
-        f"{prefix}allocations", bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest"
-    )
-    await c.start()
-    try:
-        while time.monotonic() < deadline:
-            if any((await c.getmany(timeout_ms=500)).values()):
-                await asyncio.sleep(1.0)  # the correlator's table applies it right after
-                return
-        raise TimeoutError("the correlator never took up the recording's job")
-    finally:
-        await c.stop()
 
 
 def run(

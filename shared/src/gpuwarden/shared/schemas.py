@@ -15,6 +15,7 @@ MODELS: list[type[m.Model]] = [
     m.GpuEvent,
     m.JobState,
     m.NodeState,
+    m.SlurmWatermark,
     m.AttributedSample,
     m.AttributedEvent,
     m.JobWindow,

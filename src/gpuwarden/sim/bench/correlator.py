@@ -30,6 +30,7 @@ import typer
 from aiokafka import AIOKafkaProducer
 
 from gpuwarden.shared.models import GpuSample, JobState, NodeSample
+from gpuwarden.shared.slurm_progress import JobsOffsets, publish_watermark
 from gpuwarden.shared.topics import create_topics
 from gpuwarden.sim.brokers import ApacheKafka, free_port
 
@@ -60,7 +61,10 @@ async def _backlog(bootstrap: str, prefix: str, nodes: int, ticks: int, gpus: in
             gpus={n: list(range(gpus)) for n in names},
             start_ts=t0 - 60,
         )
-        await p.send_and_wait(f"{prefix}slurm.jobs", job.to_json(), key=b"9001")
+        offsets = JobsOffsets()
+        offsets.note(await p.send_and_wait(f"{prefix}slurm.jobs", job.to_json(), key=b"9001"))
+        # the job holds every GPU through the backlog: Slurm's view is complete past its last sample
+        await publish_watermark(p.send_and_wait, "default", t0 + ticks, offsets.offsets, f"{prefix}slurm.watermarks")
         await asyncio.sleep(0.5)
         for t in range(ticks):
             for n in names:

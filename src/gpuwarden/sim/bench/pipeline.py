@@ -49,6 +49,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from gpuwarden.demo.runner import ServiceProc, stop_services, wait_healthy
 from gpuwarden.shared.models import EventKind, GpuEvent, GpuSample, JobState, NodeSample
 from gpuwarden.shared.scenario import Cluster
+from gpuwarden.shared.slurm_progress import JobsOffsets, publish_watermark
 from gpuwarden.shared.topics import create_topics
 from gpuwarden.sim.bench.figures import (
     BenchResult,
@@ -112,10 +113,22 @@ def _node_template(node: str, gpus: int) -> dict[str, Any]:
 
 
 def _load_main(
-    bootstrap: str, topic: str, nodes: list[str], gpus: int, hz: float, until: float, sent: Any, behind: Any
+    bootstrap: str,
+    topic: str,
+    nodes: list[str],
+    gpus: int,
+    hz: float,
+    until: float,
+    sent: Any,
+    behind: Any,
+    wm_topic: str = "",
+    jobs_offsets: dict[int, int] | None = None,
 ) -> None:
     """Produce one NodeSample per node per tick until wall time ``until``; ``sent`` counts them,
-    ``behind`` holds the worst lateness of a tick (s) when the producer could not keep pace."""
+    ``behind`` holds the worst lateness of a tick (s) when the producer could not keep pace.
+    After each tick's samples (and once more at ``until``), a Slurm watermark on ``wm_topic``
+    (when given) at the tick's event time with ``jobs_offsets`` (the delivered JobStates), so the
+    correlator attributes the samples at once."""
 
     async def go() -> None:
         p = AIOKafkaProducer(
@@ -123,6 +136,7 @@ def _load_main(
         )
         await p.start()
         templates = [(n, n.encode(), _node_template(n, gpus)) for n in nodes]
+        offsets = dict(jobs_offsets or {})
         period = 1.0 / hz
         t_next = time.time()
         tick = 0
@@ -133,14 +147,20 @@ def _load_main(
                     await asyncio.sleep(t_next - now)
                 else:
                     behind.value = max(behind.value, now - t_next)
+                ts = time.time()
                 for _, key, tpl in templates:
-                    tpl["ts"] = time.time()
+                    tpl["ts"] = ts = time.time()
                     for g in tpl["gpus"]:
                         g["memory_used_mib"] = 60000.0 + tick % 100
                     await p.send(topic, orjson.dumps(tpl), key=key)
+                if wm_topic:
+                    await publish_watermark(p.send, "default", ts, offsets, wm_topic)
                 sent.value += len(templates)
                 tick += 1
                 t_next += period
+            if wm_topic:  # the XIDs injected up to ``until`` attribute too
+                await asyncio.sleep(max(0.0, until - time.time()))
+                await publish_watermark(p.send, "default", time.time(), offsets, wm_topic)
             await p.flush()
         finally:
             await p.stop()
@@ -230,6 +250,8 @@ class _Bench:
         self.procs: list[ServiceProc] = []
         self.stop_monitor = asyncio.Event()
         self.load_pid: int | None = None
+        #: slurm.jobs partition -> offset after the last job published (publish_jobs)
+        self.jobs_offsets: dict[int, int] = {}
 
     def t(self, short: str) -> str:
         return f"{self.prefix}{short}"
@@ -279,8 +301,11 @@ class _Bench:
         await wait_healthy(self.procs, 180)
 
     async def publish_jobs(self) -> None:
+        """Publish the jobs; their delivered offsets go to :attr:`jobs_offsets` (for the load's watermarks)."""
         p = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks=1, enable_idempotence=False)
         await p.start()
+        offsets = JobsOffsets()
+        futures = []
         try:
             now = time.time()
             for j, i in enumerate(range(0, len(self.node_names), self.job_nodes)):
@@ -296,10 +321,13 @@ class _Bench:
                     start_ts=now - 600,
                     end_ts=now + 86400,
                 )
-                await p.send(self.t("slurm.jobs"), job.to_json(), key=job.job_id.encode())
+                futures.append(await p.send(self.t("slurm.jobs"), job.to_json(), key=job.job_id.encode()))
             await p.flush()
+            for fut in futures:
+                offsets.note(await fut)
         finally:
             await p.stop()
+        self.jobs_offsets = offsets.offsets
 
     # monitoring
     async def monitor(self) -> None:
@@ -477,7 +505,18 @@ async def _run(
         t_measure0, t_end = t_start + warmup, t_start + warmup + seconds
         load = ctx.Process(
             target=_load_main,
-            args=(bootstrap, b.t("gpu.samples"), b.node_names, res.gpus, res.hz, t_end, sent, behind),
+            args=(
+                bootstrap,
+                b.t("gpu.samples"),
+                b.node_names,
+                res.gpus,
+                res.hz,
+                t_end,
+                sent,
+                behind,
+                b.t("slurm.watermarks"),
+                b.jobs_offsets,
+            ),
             daemon=True,
         )
         load.start()

@@ -1,4 +1,5 @@
-"""The slurm-watcher service: poll Slurm, publish changes to ``slurm.jobs`` / ``slurm.nodes``."""
+"""The slurm-watcher service: poll Slurm, publish changes to ``slurm.jobs`` / ``slurm.nodes`` and
+the view's progress to ``slurm.watermarks``."""
 
 from __future__ import annotations
 
@@ -108,6 +109,18 @@ class SlurmWatcher(Service):
     ended since ``max(own last poll, now - takeover_lookback_s)`` according to accounting and
     are no longer in squeue are published once (sacct's state and times, ``confirmed=True``,
     no GPU indices: accounting has none); a failing sacct is retried on the next polls.
+
+    Watermark: after every poll whose ``jobs()`` read succeeded (also when nothing changed: a
+    heartbeat), once each ``slurm.jobs`` record of the poll (takeover recovery included) is
+    delivered, one :class:`~gpuwarden.shared.models.SlurmWatermark` goes to
+    ``slurm.watermarks`` (key: ``slurm_watcher_cluster``): ``ts`` = the poll's observation time
+    (taken before the query), ``jobs_offsets`` = per ``slurm.jobs`` partition this instance has
+    written to since it started, the offset after its last delivered record there (from the
+    producer's delivery metadata; a producer without ``send``, such as
+    :class:`~gpuwarden.shared.bus.MemoryPublisher`, gives none, so the offsets stay empty). None
+    after a failed job read, without the lease, or while a job record is undelivered (it is sent
+    again on the next poll). Gauge ``gpuwarden_slurm_watermark_seconds`` (the last ``ts``),
+    counter ``gpuwarden_slurm_watermarks_total``.
     """
 
     name = "slurm-watcher"
@@ -158,6 +171,8 @@ class SlurmWatcher(Service):
         self._job_sends: list[tuple[JobState, asyncio.Future[Any]]] = []
         #: job id -> a slurm.jobs record the broker did not confirm (sent again next poll)
         self._unsent: dict[str, JobState] = {}
+        self.watermarks = 0
+        """Watermarks published (since start)."""
         self.watermark_ts: float | None = None
         """``ts`` of the last watermark published (the poll's observation time), epoch s."""
         self._wm_gauge = Gauge(
@@ -166,7 +181,9 @@ class SlurmWatcher(Service):
             registry=self.metrics.registry,
         )
         self._wm_count = Counter(
-            "gpuwarden_slurm_watermarks", "Watermarks published on slurm.watermarks, count", registry=self.metrics.registry
+            "gpuwarden_slurm_watermarks",
+            "Watermarks published on slurm.watermarks, count",
+            registry=self.metrics.registry,
         )
         self.last_poll_ts: float | None = None
         self.last_error: str | None = None
@@ -231,7 +248,7 @@ class SlurmWatcher(Service):
             if self.ended is not None and lookback > 0:
                 self._recover_since = max(self.last_poll_ts or 0.0, now - lookback)
             if self.polls:  # taking over: rebuild from scratch, publish everything
-                self._jobs, self._nodes, self._misses = {}, {}, {}
+                self._jobs, self._nodes, self._misses, self._unsent = {}, {}, {}, {}
                 force_snapshot = True
         mono = time.monotonic()
         snapshot = (
@@ -270,6 +287,13 @@ class SlurmWatcher(Service):
                     *(j for j in changed if j.job_id not in self._jobs),
                 ]
             )
+            if self._unsent:  # not delivered last time, and not superseded by a newer record now
+                newer = {j.job_id for j in out}
+                retry = [j for jid, j in self._unsent.items() if jid not in newer]
+                self._unsent = {}
+                for j in retry:
+                    await self._publish_job(j)
+                sent += len(retry)
             for j in out:
                 await self._publish_job(j)
             sent += len(out)
@@ -333,7 +357,9 @@ class SlurmWatcher(Service):
             if o > self.jobs_offsets.get(p, 0):
                 self.jobs_offsets[p] = o
         if undelivered:
-            log.warning("%d slurm.jobs record(s) not delivered: no watermark this poll, sent again next poll", undelivered)
+            log.warning(
+                "%d slurm.jobs record(s) not delivered: no watermark this poll, sent again next poll", undelivered
+            )
             return
         wm = SlurmWatermark(
             cluster=self.settings.slurm_watcher_cluster,
@@ -344,6 +370,7 @@ class SlurmWatcher(Service):
         await self.publish("slurm.watermarks", wm.cluster, wm)
         self.watermark_ts = now
         self._wm_gauge.set(now)
+        self.watermarks += 1
         self._wm_count.inc()
 
     async def _recover_ends(self, since: float, in_squeue: set[str], now: float) -> int | None:

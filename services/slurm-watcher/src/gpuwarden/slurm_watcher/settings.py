@@ -41,7 +41,12 @@ class SlurmWatcherSettings(ServiceSettings):
         description="Single publisher per cluster: kafka = consumer-group lease; none = not enforced; "
         "auto = kafka for the cli/rest backends, none for simulated",
     )
-    slurm_watcher_cluster: str = Field("default", description="Cluster name (one lease, one publisher per cluster)")
+    slurm_watcher_cluster: str = Field(
+        "default",
+        pattern=r"^[A-Za-z0-9._-]{1,100}$",
+        description="Cluster name, [A-Za-z0-9._-]{1,100} (one lease, one publisher per cluster; the key and "
+        "cluster field of its slurm.watermarks)",
+    )
     slurm_watcher_lease_session_ms: int = Field(
         10_000, ge=1000, description="How long a dead lease holder keeps the lease (Kafka session timeout), ms"
     )
