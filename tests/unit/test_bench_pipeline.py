@@ -5,14 +5,19 @@ from __future__ import annotations
 import pytest
 
 from gpuwarden.sim.bench.figures import (
+    CPU_MULTIPLE_TARGETS,
     BenchResult,
     LagSeries,
     cpu_budget,
+    cpu_ms_per_1000,
+    cpu_multiples,
     machine_cores,
     percentile,
     rate,
     ratio,
+    raw_cpu_line,
     report,
+    stage_cpu_ms,
     summarise_latencies,
 )
 
@@ -130,3 +135,67 @@ def test_cpu_budget_says_when_a_sample_stage_committed_nothing() -> None:
     lines = cpu_budget(res)
     assert "detector" not in lines[0]
     assert "detector 0.50 (committed nothing: as measured)" in lines[1]
+
+
+def test_cpu_ms_per_1000() -> None:
+    # 0.27 CPU-s for 100,000 GPU samples = 2.7 us each = 2.7 ms per 1,000
+    assert cpu_ms_per_1000(0.27, 100_000) == pytest.approx(2.7)
+    assert cpu_ms_per_1000(None, 100_000) is None
+    assert cpu_ms_per_1000(0.27, 0) is None  # nothing consumed: no cost, not a division by zero
+
+
+def test_stage_cpu_ms_is_the_budget_cost_of_each_sample_stage() -> None:
+    res = _result_with_cpu()
+    costs = stage_cpu_ms(res)
+    # the same figures cpu_budget prints: correlator 0.4 cores / 400 GPU samples/s, detector 0.5 / 200
+    assert costs == {"correlator": pytest.approx(1000.0), "detector": pytest.approx(2500.0)}
+    assert "remediator" not in costs and "broker" not in costs  # not sample stages
+    res.series["detector"] = LagSeries()
+    for t in (10.0, 20.0):
+        res.series["detector"].add(t, end=10_000, committed=0)
+    assert "detector" not in stage_cpu_ms(res)  # committed nothing: no cost
+
+
+def test_cpu_multiples_divide_by_the_raw_consume() -> None:
+    m = cpu_multiples(2.5, {"correlator": 20.0, "detector": 10.0})
+    assert m == {"correlator": pytest.approx(8.0), "detector": pytest.approx(4.0)}
+    assert cpu_multiples(None, {"correlator": 20.0}) == {"correlator": None}
+    assert cpu_multiples(0.0, {"correlator": 20.0}) == {"correlator": None}
+
+
+def test_raw_cpu_line_gives_each_stage_its_multiple_and_target() -> None:
+    assert CPU_MULTIPLE_TARGETS == {"correlator": 8.0, "detector": 6.0, "otlp-bridge": 4.0}
+    line = raw_cpu_line(
+        2.5, {"correlator": 55.25, "detector": 10.0, "otlp-bridge": 12.5}, ["correlator", "detector", "otlp-bridge"]
+    )
+    assert line == (
+        "raw consume CPU per 1,000 GPU samples: 2.50 ms (aiokafka + orjson); stages as a multiple of it: "
+        "correlator 22.1x (target <= 8x), detector 4.0x (<= 6x), otlp-bridge 5.0x (<= 4x)"
+    )
+    # a stage without a cost, and no raw figure: n/a rather than a guess
+    assert raw_cpu_line(2.5, {"correlator": 20.0}, ["correlator", "detector"]).endswith(
+        "correlator 8.0x (target <= 8x), detector n/a (<= 6x)"
+    )
+    assert raw_cpu_line(None, {"correlator": 20.0}, ["correlator"]) == (
+        "raw consume CPU per 1,000 GPU samples: n/a (aiokafka + orjson); stages as a multiple of it: "
+        "correlator n/a (target <= 8x)"
+    )
+
+
+def test_report_adds_the_raw_consume_cpu_line_and_keeps_the_raw_lines() -> None:
+    res = _result_with_cpu()
+    res.raw_rate, res.raw_json_rate, res.raw_messages = 50_000.0, 30_000.0, 1_000
+    before = report(res)
+    assert not any(line.startswith("raw consume CPU per 1,000 GPU samples") for line in before)
+    res.raw_cpu_ms = 125.0
+    lines = report(res)
+    assert lines[: len(before)] == before  # every existing line as it was, the new one after them
+    assert lines[len(before) :] == [
+        "raw consume CPU per 1,000 GPU samples: 125.00 ms (aiokafka + orjson); stages as a multiple of it: "
+        "correlator 8.0x (target <= 8x), detector 20.0x (<= 6x)"  # no otlp-bridge in this run's services
+    ]
+    assert any(
+        line.startswith("raw aiokafka consume of gpu.samples (1,000 msgs): 400,000 GPU samples/s bytes only")
+        for line in lines
+    )
+    assert any(line.startswith("ratio pipeline/raw: ") for line in lines)

@@ -10,6 +10,10 @@ per worker count and the ratio, and the CPU time the workers used over the same 
 (``utime + stime`` of ``/proc/<pid>/stat``, Linux) as CPU-seconds per 1,000 GPU samples: on a
 machine with fewer cores than workers + broker the rate cannot scale, the CPU cost per sample
 shows the efficiency. Each worker's share of the samples shows the partitions were spread.
+Then a raw consume of the first run's ``gpu.samples`` (aiokafka + ``orjson.loads``, a process
+of its own) gives the raw consume's CPU per 1,000 GPU samples, and the first worker count's
+CPU per 1,000 GPU samples as a multiple of it (target <= 8x). The default backlog is the fleet
+of ``bench pipeline`` (3,125 nodes x 8 GPUs), 16 ticks (one window closed per node).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from aiokafka import AIOKafkaProducer
 from gpuwarden.shared.models import GpuSample, JobState, NodeSample
 from gpuwarden.shared.slurm_progress import JobsOffsets, publish_watermark
 from gpuwarden.shared.topics import create_topics
+from gpuwarden.sim.bench.figures import cpu_ms_per_1000, raw_cpu_line
+from gpuwarden.sim.bench.pipeline import raw_consume_cpu
 from gpuwarden.sim.brokers import ApacheKafka, free_port
 
 __all__ = ["RunResult", "bench_correlator", "cpu_seconds"]
@@ -106,11 +112,13 @@ def cpu_seconds(pid: int) -> float | None:
 
 @dataclass
 class RunResult:
-    """One run: GPU samples/s, worker CPU s over the timed interval, GPU samples per worker."""
+    """One run: GPU samples/s, worker CPU s over the timed interval, GPU samples per worker,
+    the run's ``gpu.samples`` topic."""
 
     rate: float
     cpu_s: float
     per_worker: list[float]
+    topic: str = ""
 
     def cpu_per_1000(self, gpu_samples: int) -> float:
         """CPU-seconds per 1,000 GPU samples."""
@@ -155,7 +163,7 @@ def _run(bootstrap: str, workers: int, nodes: int, ticks: int, gpus: int, partit
             if done >= total and started is not None:
                 rate = total * gpus / (time.monotonic() - started)
                 cpu = sum(cpu_seconds(p.pid) or 0.0 for p, _ in procs) - cpu0
-                return RunResult(rate, cpu, [n * gpus for n in per])
+                return RunResult(rate, cpu, [n * gpus for n in per], f"{prefix}gpu.samples")
             if any(p.poll() is not None for p, _ in procs):
                 raise RuntimeError("a correlator worker exited")
             time.sleep(0.1)
@@ -173,8 +181,10 @@ def _run(bootstrap: str, workers: int, nodes: int, ticks: int, gpus: int, partit
 
 
 def bench_correlator(
-    nodes: Annotated[int, typer.Option(help="Nodes (one NodeSample per node per tick)")] = 40,
-    ticks: Annotated[int, typer.Option(help="Ticks (s of event time) per node")] = 120,
+    nodes: Annotated[
+        int, typer.Option(help="Nodes (one NodeSample per node per tick); default: the fleet of bench pipeline")
+    ] = 3125,
+    ticks: Annotated[int, typer.Option(help="Ticks (s of event time) per node")] = 16,
     gpus: Annotated[int, typer.Option(help="GPUs per node")] = 8,
     workers: Annotated[list[int], typer.Option(help="Worker counts to run, one run each")] = [1, 2],  # noqa: B006
     partitions: Annotated[int, typer.Option(help="Partitions of the topics")] = 6,
@@ -197,9 +207,11 @@ def bench_correlator(
     try:
         rates: dict[int, float] = {}
         cpus: dict[int, float] = {}
+        topics: dict[int, str] = {}
         n_gpu = nodes * ticks * gpus
         for w in workers:
             r = _run(bootstrap, w, nodes, ticks, gpus, partitions, timeout)
+            topics[w] = r.topic
             rates[w], cpus[w] = r.rate, r.cpu_per_1000(n_gpu)
             typer.echo(
                 f"workers={w}: {rates[w]:,.0f} GPU samples/s ({rates[w] / gpus:,.0f} NodeSamples/s; "
@@ -217,6 +229,14 @@ def bench_correlator(
                 f"cpu efficiency workers={w} vs workers={first}: {cpus[first] / cpus[w]:.2f} "
                 "(CPU per sample of one worker / of these workers; 1.00 = no overhead from splitting)"
             )
+        # the raw consume of the first run's backlog: the ceiling the correlator's cost is compared with
+        try:
+            n_raw, cpu_raw, _ = raw_consume_cpu(bootstrap, topics[first], timeout)
+        except RuntimeError as exc:
+            typer.echo(f"note: no raw consume CPU: {exc}")
+        else:
+            raw_ms = cpu_ms_per_1000(cpu_raw, n_raw * gpus)
+            typer.echo(raw_cpu_line(raw_ms, {"correlator": cpus[first] * 1000}, ["correlator"]) + f" (workers={first})")
     finally:
         if kafka is not None:
             kafka.stop()

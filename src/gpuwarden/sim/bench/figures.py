@@ -14,16 +14,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "CPU_MULTIPLE_TARGETS",
     "BenchResult",
     "LagSeries",
     "cpu_budget",
+    "cpu_ms_per_1000",
+    "cpu_multiples",
     "cpu_seconds",
     "machine_cores",
     "percentile",
     "rate",
     "ratio",
+    "raw_cpu_line",
     "report",
     "rss_mib",
+    "stage_cpu_ms",
     "summarise_latencies",
 ]
 
@@ -134,6 +139,9 @@ class BenchResult:
     raw_rate: float | None = None
     raw_json_rate: float | None = None
     raw_messages: int = 0
+    #: CPU of the raw consume (aiokafka + ``orjson.loads`` of every value, a process of its own)
+    #: per 1,000 GPU samples it consumed, ms (:func:`cpu_ms_per_1000`); None when not measured.
+    raw_cpu_ms: float | None = None
     profile: str | None = None
     #: service -> largest resident set size seen during the run, MiB (sampled every second).
     rss_mib: dict[str, float] = field(default_factory=dict)
@@ -161,13 +169,21 @@ def machine_cores() -> int | None:
 #: by :func:`cpu_budget`); the others (events lane, remediator, load, broker) count as measured.
 SAMPLE_STAGES = ("correlator", "detector", "otlp-bridge")
 
+#: Each sample stage's CPU per 1,000 GPU samples at most this multiple of the raw consume's (the
+#: issue "the benchmark says where each stage stands"): what :func:`raw_cpu_line` compares with.
+CPU_MULTIPLE_TARGETS: dict[str, float] = {"correlator": 8.0, "detector": 6.0, "otlp-bridge": 4.0}
 
-def cpu_budget(res: BenchResult) -> list[str]:
-    """Two lines: each sample stage's CPU per 1,000 GPU samples it committed in the measured
-    window (ms, all its workers together), and the cores the path needs at the offered rate:
-    the sample stages scaled from that cost, everything else (events lane, remediator, load
-    generator, broker) as measured, so the total is a lower bound (the broker's work grows with
-    the samples too). Empty when the CPU or the committed offsets were not sampled."""
+
+def cpu_ms_per_1000(cpu_s: float | None, gpu_samples: int) -> float | None:
+    """CPU ms per 1,000 GPU samples: ``cpu_s`` CPU-seconds spent on ``gpu_samples`` GPU samples;
+    None when either is missing or nothing was consumed."""
+    if cpu_s is None or gpu_samples <= 0:
+        return None
+    return cpu_s / gpu_samples * 1e6
+
+
+def _cores_used(res: BenchResult) -> tuple[dict[str, float], dict[str, int]]:
+    """Cores each service (all its workers together) used in the measured window, and its workers."""
     t0, t1 = res.t_measure
     used: dict[str, float] = {}
     workers: dict[str, int] = {}
@@ -178,6 +194,51 @@ def cpu_budget(res: BenchResult) -> list[str]:
         k = res.kind(proc)
         used[k] = used.get(k, 0.0) + c
         workers[k] = workers.get(k, 0) + 1
+    return used, workers
+
+
+def stage_cpu_ms(res: BenchResult) -> dict[str, float]:
+    """Each sample stage's CPU per 1,000 GPU samples it committed in the measured window, ms (all
+    its workers together); a stage whose CPU or committed offsets have no rate is left out."""
+    t0, t1 = res.t_measure
+    used, _ = _cores_used(res)
+    out: dict[str, float] = {}
+    for k in SAMPLE_STAGES:
+        r = rate(res.series[k].committed, t0, t1) if k in res.series else None
+        if k in used and r:
+            out[k] = used[k] / (r * res.gpus) * 1e6
+    return out
+
+
+def cpu_multiples(raw_ms: float | None, stage_ms: dict[str, float]) -> dict[str, float | None]:
+    """Each stage's CPU per 1,000 GPU samples as a multiple of the raw consume's (None when
+    the raw consume's is missing or not positive)."""
+    return {k: ratio(v, raw_ms) for k, v in stage_ms.items()}
+
+
+def raw_cpu_line(raw_ms: float | None, stage_ms: dict[str, float], stages: Sequence[str]) -> str:
+    """The raw consume's CPU per 1,000 GPU samples and each of ``stages`` as a multiple of it,
+    with its target (:data:`CPU_MULTIPLE_TARGETS`); ``n/a`` for a stage without a cost."""
+    mult = cpu_multiples(raw_ms, stage_ms)
+    parts = []
+    for i, k in enumerate(stages):
+        t = CPU_MULTIPLE_TARGETS.get(k)
+        target = "" if t is None else f" ({'target ' if i == 0 else ''}<= {t:g}x)"
+        parts.append(f"{k} {_fmt(mult.get(k), 'x', '.1f')}{target}")
+    return (
+        f"raw consume CPU per 1,000 GPU samples: {_fmt(raw_ms, ' ms', '.2f')} (aiokafka + orjson); "
+        f"stages as a multiple of it: {', '.join(parts) or 'n/a'}"
+    )
+
+
+def cpu_budget(res: BenchResult) -> list[str]:
+    """Two lines: each sample stage's CPU per 1,000 GPU samples it committed in the measured
+    window (ms, all its workers together), and the cores the path needs at the offered rate:
+    the sample stages scaled from that cost, everything else (events lane, remediator, load
+    generator, broker) as measured, so the total is a lower bound (the broker's work grows with
+    the samples too). Empty when the CPU or the committed offsets were not sampled."""
+    t0, t1 = res.t_measure
+    used, workers = _cores_used(res)
     committed = {svc: rate(s.committed, t0, t1) for svc, s in res.series.items()}
     offered = res.nodes * res.gpus * res.hz
     costs: list[str] = []
@@ -263,6 +324,8 @@ def report(res: BenchResult) -> list[str]:
         used = ", ".join(f"{k} {v:.2f}" for k, v in cores.items() if v is not None)
         lines.append(f"cpu (cores used during the measured window, of {res.cores or os.cpu_count()}): {used}")
         lines += cpu_budget(res)
+    if res.raw_cpu_ms is not None:
+        lines.append(raw_cpu_line(res.raw_cpu_ms, stage_cpu_ms(res), [s for s in SAMPLE_STAGES if s in res.services]))
     if res.rss_mib:
         mem = ", ".join(f"{k} {v:,.0f} MiB" for k, v in res.rss_mib.items())
         lines.append(f"memory (largest RSS during the run, {res.nodes:,} nodes): {mem}")

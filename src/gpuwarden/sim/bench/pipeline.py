@@ -17,7 +17,9 @@ One run on one broker (Apache Kafka by default, ``--broker tansu`` for the embed
 5. every second the consumer groups' committed offsets are compared with the end offsets:
    throughput = committed offsets gained over the measured window, lag = end - committed;
 6. after the load, a raw aiokafka consume of the same ``gpu.samples`` topic (bytes only,
-   and bytes + ``orjson.loads``) gives the ceiling the pipeline is compared with.
+   and bytes + ``orjson.loads``) gives the ceiling the pipeline is compared with; one more, in a
+   process of its own (:func:`raw_consume_cpu`), gives its process CPU per 1,000 GPU samples,
+   and each sample stage's CPU per 1,000 GPU samples is printed as a multiple of it.
 
 Everything started is stopped at the end (services, load process, broker).
 """
@@ -54,6 +56,7 @@ from gpuwarden.shared.topics import create_topics
 from gpuwarden.sim.bench.figures import (
     BenchResult,
     LagSeries,
+    cpu_ms_per_1000,
     cpu_seconds,
     machine_cores,
     percentile,
@@ -74,6 +77,7 @@ __all__ = [
     "pipeline",
     "rate",
     "ratio",
+    "raw_consume_cpu",
     "report",
     "rss_mib",
     "summarise_latencies",
@@ -166,6 +170,78 @@ def _load_main(
             await p.stop()
 
     asyncio.run(go())
+
+
+# -- the raw consume's CPU (a process of its own, so nothing else of this process is counted) --
+def _raw_consume_cpu_main(bootstrap: str, topic: str, conn: Any) -> None:
+    """Read all of ``topic`` from its beginning offsets with one aiokafka consumer and
+    ``orjson.loads`` every value; send ``(messages, CPU s, wall s)`` of the consume on ``conn``
+    (or the error, as text). The clock starts after the consumer's start-up and the offset
+    look-ups, before the partitions are assigned (so no fetch happens before it); the CPU is this
+    process's (``process_time``)."""
+
+    async def go() -> tuple[int, float, float]:
+        c = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest", enable_auto_commit=False
+        )
+        await c.start()
+        try:
+            await c._client.force_metadata_update()  # no subscription: the metadata of every topic
+            tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or ())]
+            if not tps:
+                raise RuntimeError(f"topic {topic} not found")
+            begin, end = await c.beginning_offsets(tps), await c.end_offsets(tps)
+            total = sum(end[tp] - begin[tp] for tp in tps)
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            c.assign(tps)
+            await c.seek_to_beginning(*tps)
+            n = 0
+            while n < total:
+                batches = await c.getmany(timeout_ms=1000, max_records=10000)
+                for recs in batches.values():
+                    n += len(recs)
+                    for r in recs:
+                        orjson.loads(r.value)
+            return n, time.process_time() - cpu0, time.perf_counter() - t0
+        finally:
+            await c.stop()
+
+    try:
+        conn.send(asyncio.run(go()))
+    except Exception as exc:  # reported to the parent, which raises it
+        conn.send(f"{type(exc).__name__}: {exc}")
+    finally:
+        conn.close()
+
+
+def raw_consume_cpu(bootstrap: str, topic: str, timeout_s: float = 300.0) -> tuple[int, float, float]:
+    """``(messages, CPU s, wall s)`` of a raw consume of all of ``topic`` (aiokafka +
+    ``orjson.loads`` of every value) in a process of its own: its process CPU over the consume
+    only (not its interpreter start-up, imports or consumer start-up), nothing of this process.
+    Blocking (run it in a thread from async code); RuntimeError when it fails or times out."""
+    ctx = mp.get_context("spawn")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_raw_consume_cpu_main, args=(bootstrap, topic, send), daemon=True)
+    proc.start()
+    send.close()
+    try:
+        if not recv.poll(timeout_s):
+            raise RuntimeError(f"raw consume of {topic} took more than {timeout_s:.0f} s")
+        try:
+            got = recv.recv()
+        except EOFError:
+            proc.join(10)
+            raise RuntimeError(f"raw consume of {topic} failed (exit code {proc.exitcode})") from None
+        if isinstance(got, str):
+            raise RuntimeError(f"raw consume of {topic} failed: {got}")
+        n, cpu_s, wall_s = got
+        return int(n), float(cpu_s), float(wall_s)
+    finally:
+        recv.close()
+        proc.join(10)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(10)
 
 
 # -- the run -------------------------------------------------------------------------------
@@ -543,6 +619,12 @@ async def _run(
         echo("raw aiokafka consume of the same gpu.samples topic ...")
         res.raw_rate, res.raw_messages = await b.raw_consume(decode=False)
         res.raw_json_rate, _ = await b.raw_consume(decode=True)
+        echo("raw consume CPU (aiokafka + orjson, a process of its own) ...")
+        try:
+            n_raw, cpu_raw, _ = await asyncio.to_thread(raw_consume_cpu, bootstrap, b.t("gpu.samples"))
+            res.raw_cpu_ms = cpu_ms_per_1000(cpu_raw, n_raw * res.gpus)
+        except RuntimeError as exc:
+            echo(f"note: no raw consume CPU: {exc}")
     finally:
         b.stop_monitor.set()
         if load is not None and load.is_alive():
