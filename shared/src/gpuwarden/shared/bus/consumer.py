@@ -256,8 +256,10 @@ class Consumer:
                 continue
             lag = c.highwater  # per partition highwater: cheap lag estimate from fetch responses
             for tp in batches:
+                if tp not in c.assignment():
+                    continue  # revoked by a rebalance mid-batch: aiokafka has no highwater for it
                 hw = lag(tp)
-                if hw is not None and tp in c.assignment():
+                if hw is not None:
                     pos = await c.position(tp)
                     self._metrics.consumer_lag.labels(self._short.get(tp.topic, tp.topic), str(tp.partition)).set(
                         max(0, hw - pos)
