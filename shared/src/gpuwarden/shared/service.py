@@ -183,7 +183,22 @@ class Service:
         }
 
     # -- helpers -----------------------------------------------------------------
-    def consume(self, topics: list[str], handler: Handler, group: str | None = None) -> Consumer:
+    def consume(
+        self,
+        topics: list[str],
+        handler: Handler,
+        group: str | None = None,
+        *,
+        listener: Any = None,
+        commit_interval_s: float = 0.0,
+        checkpoint: Any = None,
+    ) -> Consumer:
+        """A :class:`~gpuwarden.shared.bus.Consumer` of ``topics`` in ``group`` (default the
+        settings' group, else ``gpuwarden-<service>``), run and stopped with the service.
+
+        ``listener`` (an aiokafka ``ConsumerRebalanceListener``), ``commit_interval_s`` and
+        ``checkpoint`` are the consumer's (see there): a stateful stage passes all three.
+        """
         c = Consumer(
             self.settings,
             self.name,
@@ -193,7 +208,10 @@ class Service:
             self.producer,
             self.metrics,
             self.settings.auto_offset_reset,
+            listener=listener,
+            commit_interval_s=commit_interval_s,
         )
+        c.checkpoint = checkpoint
         self._consumers.append(c)
         return c
 

@@ -42,7 +42,6 @@ from gpuwarden.shared.bus import dead_letter_of, decode
 from gpuwarden.shared.metrics import ServiceMetrics
 from gpuwarden.shared.models import (
     AttributedEvent,
-    AttributedSample,
     GpuAttribution,
     GpuEvent,
     JobState,
@@ -52,7 +51,7 @@ from gpuwarden.shared.models import (
 )
 
 from .slurmview import SlurmView
-from .windows import add_sample, close_due
+from .windows import close_due, fold_sample
 
 __all__ = [
     "INPUT_TOPICS",
@@ -345,9 +344,8 @@ class Correlator:
             jobs, jobs_json = self._attribute(node, self.view.allocations(node), sample)
         else:
             jobs, jobs_json = [], b"[]"
-        att = AttributedSample.model_construct(sample=sample, jobs=jobs)
         # Unattributed samples fold nothing but still move the node's watermark (and may close windows).
-        step = add_sample(self.windows.get(node), att, self.window_s, self.window_grace_s, in_place=True)
+        step = fold_sample(self.windows.get(node), sample, jobs, self.window_s, self.window_grace_s, in_place=True)
         self.windows.set(node, step.state)
         self._window_nodes.add(node)
         self.dirty.add(node)

@@ -241,12 +241,15 @@ class CorrelatorService(Service):
         await self.reader.start()
         self.spawn(self.reader.run(), "slurm-view")
         self.spawn(self._tick(), "hold")
-        c = self.consume(list(self._lane), self._handle, group=self.group)
         # the shared consumer, with a rebalance listener, commits at the interval, after a checkpoint
-        c._listener = _Rebalance(self)
-        c._commit_interval_s = self.settings.correlator_commit_interval_s
-        c.checkpoint = self._checkpoint
-        self._consumer = c
+        self._consumer = self.consume(
+            list(self._lane),
+            self._handle,
+            group=self.group,
+            listener=_Rebalance(self),
+            commit_interval_s=self.settings.correlator_commit_interval_s,
+            checkpoint=self._checkpoint,
+        )
 
     async def on_stop(self) -> None:
         await self.reader.stop()
@@ -276,18 +279,23 @@ class CorrelatorService(Service):
             outs = self.core.on_event(value, rec.value, rec.partition, rec.offset)
         else:  # pragma: no cover - the consumer only delivers the lane's models
             raise TypeError(f"unexpected {type(value).__name__} on {topic}")
-        await self._publish(outs)
+        self._queue(outs)
 
-    async def _publish(self, outs: list[Output]) -> None:
-        send = self.producer.publish_raw
+    def _queue(self, outs: list[Output]) -> None:
+        """Queue outputs on the producer: the shared consumer drains them after each batch
+        (one record batch per topic-partition) and confirms them before a commit."""
+        queue = self.producer.queue
         for o in outs:
-            await send(o.topic, o.key, o.value)
+            queue(o.topic, o.key, o.value)
         if outs and self.first_output_at is None:
             self.first_output_at = time.time()
             log.info("correlator: first output published")
 
     async def _release(self) -> None:
-        await self._publish(self.core.release())
+        outs = self.core.release()
+        if outs:
+            self._queue(outs)
+            await self.producer.drain_soon()
 
     async def _tick(self) -> None:
         """Hold timeouts: release what waited ``hold_s`` as unknown."""
@@ -306,7 +314,7 @@ class CorrelatorService(Service):
             covered[tp] = o if floor is None else min(o, floor)
         snapshot = self.core.take_dirty()
         for _partition, node, state in snapshot:
-            await self.producer.publish_raw(CHANGELOG, node, state)
+            self.producer.queue(CHANGELOG, node, state)
         await self.producer.flush()
         self.checkpoints += 1
         return covered

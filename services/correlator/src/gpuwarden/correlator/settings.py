@@ -46,7 +46,11 @@ class CorrelatorSettings(ServiceSettings):
         "topic): must cover slurm-watcher's snapshot period and RETENTION_S",
     )
     correlator_commit_interval_s: float = Field(
-        1.0, ge=0, description="How often consumed offsets are committed (after a checkpoint of the windows), s"
+        5.0,
+        ge=0,
+        description="How often consumed offsets are committed (after a checkpoint of the windows), s: each "
+        "checkpoint writes one changelog record per node whose windows changed, so at 1 Hz samples this "
+        "divides the changelog traffic; a crash re-reads up to this much (redelivered readings are ignored)",
     )
     correlator_producer_linger_s: float = Field(
         0.02,

@@ -38,9 +38,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
-from gpuwarden.shared.models import AttributedSample, GpuSample, JobWindow
+from gpuwarden.shared.models import AttributedSample, GpuAttribution, GpuSample, JobWindow, NodeSample
 
 __all__ = [
     "ACC_FIELDS",
@@ -50,6 +51,7 @@ __all__ = [
     "WindowStep",
     "add_sample",
     "close_due",
+    "fold_sample",
     "summarise",
     "upgrade_state",
     "window_start",
@@ -156,6 +158,10 @@ ACC_FIELDS = (
 _US = 1_000_000
 _MEAN_SRC = tuple(_MEANS.values())
 _LAST_SRC = tuple(_LAST.values())
+#: one C call for the fields a fold reads (the hot path: once per GPU reading)
+_GET_MEANS = attrgetter(*_MEAN_SRC)
+_GET_LASTS = attrgetter(*_LAST_SRC)
+_GET_REST = attrgetter("utilization_gpu_pct", "memory_used_mib", "temperature_c", "throttle_reasons", "processes")
 
 
 def _rel_us(ts: float, start: float) -> int:
@@ -207,8 +213,8 @@ def _fold_into(acc: list[Any], tus: int, g: GpuSample) -> None:
     """
     acc[_TS].append(tus)
     sums = acc[_SUM]
-    for i, src in enumerate(_MEAN_SRC):
-        v = getattr(g, src)
+    i = 0
+    for v in _GET_MEANS(g):
         if v is not None:
             s = sums[i]
             if s is None:
@@ -216,34 +222,42 @@ def _fold_into(acc: list[Any], tus: int, g: GpuSample) -> None:
             else:
                 s[0] += round(v * _SCALE)
                 s[1] += 1
+        i += 1
     last = acc[_LASTS]
-    for i, src in enumerate(_LAST_SRC):
-        v = getattr(g, src)
+    i = 0
+    for v in _GET_LASTS(g):
         if v is not None:
             cur = last[i]
             if cur is None or tus >= cur[0]:
                 last[i] = [tus, v]
-    u = g.utilization_gpu_pct
+        i += 1
+    u, m, t, tr, procs = _GET_REST(g)
     if u is not None:
-        acc[_UMIN] = _min(acc[_UMIN], u)
-        acc[_UMAX] = _max(acc[_UMAX], u)
-    m = g.memory_used_mib
+        lo, hi = acc[_UMIN], acc[_UMAX]
+        if lo is None or u < lo:
+            acc[_UMIN] = u
+        if hi is None or u > hi:
+            acc[_UMAX] = u
     if m is not None:
-        if acc[_MFIRST] is None or tus < acc[_MFIRST][0]:
+        first, mlast, mmax = acc[_MFIRST], acc[_MLAST], acc[_MMAX]
+        if first is None or tus < first[0]:
             acc[_MFIRST] = [tus, m]
-        if acc[_MLAST] is None or tus > acc[_MLAST][0]:
+        if mlast is None or tus > mlast[0]:
             acc[_MLAST] = [tus, m]
-        acc[_MMAX] = _max(acc[_MMAX], m)
-    acc[_TMAX] = _max(acc[_TMAX], g.temperature_c)
-    tr = g.throttle_reasons
+        if mmax is None or m > mmax:
+            acc[_MMAX] = m
+    if t is not None:
+        tmax = acc[_TMAX]
+        if tmax is None or t > tmax:
+            acc[_TMAX] = t
     if tr:
         reasons = set(tr)
         if reasons - _IDLE_ONLY:
             acc[_THR] += 1
         if not reasons.issubset(acc[_REASONS]):
             acc[_REASONS] = sorted(reasons.union(acc[_REASONS]))
-    if g.processes is not None:
-        compute = sum(1 for p in g.processes if str(p.get("type") or "C").upper() != "G")  # graphics-only: not work
+    if procs is not None:
+        compute = sum(1 for p in procs if str(p.get("type") or "C").upper() != "G")  # graphics-only: not work
         acc[_PROCS] = int(_max(acc[_PROCS], compute) or 0)
 
 
@@ -414,6 +428,20 @@ def add_sample(
         ValueError: ``state`` is of an unknown layout (a layout-1 state is upgraded,
             :func:`upgrade_state`).
     """
+    return fold_sample(state, sample.sample, sample.jobs, size_s, grace_s, in_place=in_place)
+
+
+def fold_sample(
+    state: dict[str, Any] | None,
+    sample: NodeSample,
+    jobs: list[GpuAttribution],
+    size_s: float = 10.0,
+    grace_s: float = 5.0,
+    *,
+    in_place: bool = False,
+) -> WindowStep:
+    """:func:`add_sample` of a sample and its per-GPU attributions given apart (no
+    ``AttributedSample`` built: the correlator's hot path). Same arguments, result and errors."""
     if state is None:
         state = {"v": STATE_VERSION, "wm": None, "w": {}}
     else:
@@ -421,16 +449,16 @@ def add_sample(
         if in_place and "w" not in state:
             state["w"] = {}
     wm_old: float | None = state.get("wm")
-    ts = sample.sample.ts
-    node = sample.sample.node
+    ts = sample.ts
+    node = sample.node
     start = window_start(ts, size_s)
     tus = _rel_us(ts, start)
     late: list[WindowKey] = []
     windows: dict[str, Any] = state.get("w", {})
-    by_index = {g.index: g for g in sample.sample.gpus}
+    by_index = {g.index: g for g in sample.gpus}
     new_windows = windows
     too_late = wm_old is not None and start + size_s + grace_s <= wm_old
-    for att in sample.jobs:
+    for att in jobs:
         g = by_index.get(att.gpu_index)
         if g is None:
             continue
@@ -456,6 +484,13 @@ def add_sample(
     wm = ts if wm_old is None else max(wm_old, ts)
     if in_place:
         state["wm"] = wm
+        if wm_old is not None and math.floor((wm - grace_s) / size_s) == math.floor((wm_old - grace_s) / size_s):
+            # Window ends are multiples of size_s and none open is due at wm_old (a window this
+            # sample opened is not: it was not too late): nothing can close before the watermark
+            # crosses the next end + grace.
+            step = WindowStep(state)
+            step.late = late
+            return step
         step = close_due(state, grace_s, in_place=True)
     else:
         step = close_due({"v": STATE_VERSION, "wm": wm, "w": new_windows}, grace_s)

@@ -235,8 +235,22 @@ class Detector:
         group = groups.setdefault(w.window_start, {})
         group[(w.node, w.gpu_index)] = w
         marks = self.__dict__.setdefault("_window_marks", {}).setdefault(w.job_id, {})
-        marks[w.node] = max(marks.get(w.node, w.window_start), w.window_start)
-        low, high = min(marks.values()), max(marks.values())
+        # how many nodes have each newest window start: low/high without a scan of every node
+        # (a 3,125-node job would make every window O(nodes))
+        tally = self.__dict__.setdefault("_window_tally", {}).setdefault(w.job_id, {})
+        if marks and not tally:  # marks restored from a state saved before the tally existed
+            for start in marks.values():
+                tally[start] = tally.get(start, 0) + 1
+        old = marks.get(w.node)
+        if old is None or w.window_start > old:
+            marks[w.node] = w.window_start
+            tally[w.window_start] = tally.get(w.window_start, 0) + 1
+            if old is not None:
+                if tally[old] <= 1:
+                    del tally[old]
+                else:
+                    tally[old] -= 1
+        low, high = min(tally), max(tally)
         lag = WINDOW_LAG * max(w.window_end - w.window_start, 1e-9)
         ready = [
             start
@@ -425,6 +439,7 @@ class Detector:
         end = job.end_ts if job.end_ts is not None else job.ts
         self._windows.pop(job.job_id, None)
         self.__dict__.get("_window_marks", {}).pop(job.job_id, None)
+        self.__dict__.get("_window_tally", {}).pop(job.job_id, None)
         self._history.pop(job.job_id, None)
         self._job_ctx.pop(job.job_id, None)
         self._job_starts.pop(job.job_id, None)

@@ -87,6 +87,8 @@ class Consumer:
         given: a record it still holds keeps its partition's commit below it)."""
         self._listener = listener
         self._commit_interval_s = commit_interval_s
+        self._drain: Callable[[], Awaitable[None]] | None = getattr(producer, "drain_soon", None)
+        self._in_counters: dict[str, Any] = {}
         self._last_commit = 0.0
         self.handled = 0
         self.handed_back = 0
@@ -235,6 +237,8 @@ class Consumer:
                         if clock() >= yield_at:
                             await asyncio.sleep(0)  # let the process's other lanes run (YIELD_EVERY_S)
                             yield_at = clock() + YIELD_EVERY_S
+                if self._drain is not None:
+                    await self._drain()  # outputs the handler queued (Producer.queue), batched per partition in the background
                 await self._commit(c)
             except (DeliveryError, KafkaError) as exc:
                 denied = not_authorized(exc)
@@ -271,7 +275,10 @@ class Consumer:
                  tp.topic, tp.partition, offset)  # fmt: skip
 
     async def _one(self, short: str, rec: ConsumerRecord) -> None:
-        self._metrics.messages_in.labels(short).inc()
+        counter = self._in_counters.get(short)
+        if counter is None:
+            counter = self._in_counters[short] = self._metrics.messages_in.labels(short)
+        counter.inc()
         if rec.value is not None and len(rec.value) > MAX_MESSAGE_BYTES:
             await self.dead_letter(short, rec, f"oversize: {len(rec.value)} bytes (max {MAX_MESSAGE_BYTES})")
             return

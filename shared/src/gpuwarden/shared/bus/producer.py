@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, OutOfOrderSequenceNumber, UnknownProducerId
+from aiokafka.partitioner import DefaultPartitioner
 from pydantic import BaseModel
 
 from ..metrics import ServiceMetrics
@@ -44,6 +45,8 @@ class ProducerLike(Publisher, Protocol):
     async def stop(self) -> None: ...
     async def flush(self) -> None: ...
     async def publish_raw(self, topic: str, key: str | None, value: bytes) -> None: ...
+    def queue(self, topic: str, key: str | None, value: bytes) -> None: ...
+    async def drain(self) -> None: ...
 
 
 class MemoryPublisher:
@@ -64,6 +67,13 @@ class MemoryPublisher:
     async def publish_raw(self, topic: str, key: str | None, value: bytes) -> None:
         """Raw bytes are decoded with the topic's model so tests see models either way."""
         self.sent.append((topic, key, decode(topic, value)))
+
+    def queue(self, topic: str, key: str | None, value: bytes) -> None:
+        """Same as :meth:`publish_raw`, at once (nothing to batch)."""
+        self.sent.append((topic, key, decode(topic, value)))
+
+    async def drain(self) -> None:
+        """Nothing queued."""
 
     async def publish(self, topic: str, key: str | None, value: BaseModel) -> None:
         self.sent.append((topic, key, value))
@@ -154,6 +164,16 @@ class Producer:
         """How many times the client was replaced after the broker lost its sequence."""
         self._renew = False
         self._retiring: set[asyncio.Task[None]] = set()
+        #: messages queued by :meth:`queue` for the next :meth:`drain`: (short topic, key, value)
+        self._queued: list[tuple[str, str | None, bytes]] = []
+        self._partitioner = DefaultPartitioner()
+        #: full topic name -> (sorted partition ids, when read (monotonic s), key -> partition)
+        self._layout: dict[str, tuple[list[int], float, dict[bytes, int]]] = {}
+        self._names: dict[str, str] = {}
+        self._drain_lock = asyncio.Lock()
+        self._drainer: asyncio.Task[None] | None = None
+        self.batches = 0
+        """Batches handed to the client by :meth:`drain`."""
 
     async def start(self) -> None:
         """Connect to the brokers. Raises ``aiokafka.errors.KafkaConnectionError`` if none answers,
@@ -181,6 +201,7 @@ class Producer:
             **s.kafka_kwargs(),
             client_id=f"{s.client_id}-producer",
             linger_ms=self._linger_ms,
+            partitioner=self._partitioner,
             acks="all" if s.producer_acks == "all" else 1,
             enable_idempotence=idem,
             request_timeout_ms=int(self._timeout_s * 1000),
@@ -221,6 +242,11 @@ class Producer:
     async def stop(self) -> None:
         """Deliver queued messages and disconnect; safe twice and before ``start``. Messages
         the broker did not confirm are logged and counted (``errors_total{kind="delivery"}``)."""
+        if self._producer is not None:
+            try:
+                await self._settle()
+            except Exception as exc:
+                log.error("stopping with %d queued messages not handed to the client: %s", len(self._queued), exc)
         p, self._producer = self._producer, None
         if p is not None:
             try:
@@ -263,21 +289,151 @@ class Producer:
             self._pending = [(t, f) for t, f in self._pending if not f.done() or f.exception() is not None]
         return fut
 
-    def _finished(self, topic: str, client: AIOKafkaProducer, fut: asyncio.Future[Any]) -> None:
-        """Done callback of a send (``functools.partial`` of topic and client)."""
-        self._done(topic, fut, client)
+    def queue(self, topic: str, key: str | None, value: bytes) -> None:
+        """Queue raw bytes on a short-named topic for the next :meth:`drain` (no future, no
+        await per message: the hot path of a stage that emits per input record).
 
-    def _done(self, topic: str, fut: asyncio.Future[Any], client: AIOKafkaProducer | None = None) -> None:
+        A queued message is not on its way until :meth:`drain`; :meth:`confirm` (and so
+        :meth:`flush` and :meth:`stop`) drains first, so a commit after ``flush`` covers it.
+        """
+        self._queued.append((topic, key, value))
+
+    @property
+    def queued(self) -> int:
+        """Messages queued by :meth:`queue` and not yet drained."""
+        return len(self._queued)
+
+    async def drain_soon(self, max_queued: int = 20_000) -> None:
+        """Start handing the queued messages to the client in the background and return at once
+        (the caller goes on consuming while a partition's previous batch is still on its way:
+        aiokafka takes one batch per partition at a time, and the messages queued meanwhile go
+        in the next, larger one). Waits only when more than ``max_queued`` messages are queued
+        (back-pressure). A failure is raised by the next :meth:`drain` or :meth:`confirm`.
+        """
+        if not self._queued:
+            return
+        if self._drainer is None or self._drainer.done():
+            if self._drainer is not None and not self._drainer.cancelled():
+                self._drainer.exception()  # retrieved: the queue still holds what it failed on
+            self._drainer = asyncio.create_task(self._drain_all(), name="producer-drain")
+        if len(self._queued) > max_queued:
+            await asyncio.wait({self._drainer})
+
+    async def _settle(self) -> None:
+        """Wait for a background drain, then drain what is left (raises what :meth:`drain` raises)."""
+        d = self._drainer
+        if d is not None and not d.done():
+            await asyncio.wait({d})
+        if self._queued:
+            await self.drain()
+
+    async def _drain_all(self) -> None:
+        while self._queued and self._producer is not None:
+            try:
+                await self.drain()
+            except Exception as exc:  # the messages stay queued: confirm() drains and raises
+                log.warning("handing queued messages to the producer failed (%s); retried at the next flush", exc)
+                return
+
+    async def drain(self) -> None:
+        """Hand every queued message to the client, in one record batch per topic-partition
+        (aiokafka's ``create_batch``/``send_batch``: one delivery future per batch, not per
+        message). Keyed messages go to the partition aiokafka's default partitioner gives the
+        key (murmur2, as the Java client), so they land where :meth:`send` would put them.
+
+        Raises:
+            RuntimeError: not started.
+            aiokafka.errors.KafkaError: no metadata for a topic in time (the messages not yet
+                handed over stay queued).
+        """
+        if not self._queued:
+            return
+        if self._producer is None:
+            raise RuntimeError("producer not started")
+        async with self._drain_lock:  # two drains at once would interleave a partition's batches
+            if self._renew:
+                await self._renew_client()
+            client = self._producer
+            queued, self._queued = self._queued, []
+            sent: set[int] = set()  # indices in `queued` handed to the client
+            try:
+                await self._drain(client, queued, sent)
+            except BaseException:
+                # what was not handed to the client goes back to the front of the queue, in order
+                self._queued = [m for i, m in enumerate(queued) if i not in sent] + self._queued
+                raise
+
+    async def _drain(self, client: AIOKafkaProducer, queued: list[tuple[str, str | None, bytes]], sent: set[int]) -> None:
+        parts = []
+        keys = []
+        for topic, key, _value in queued:
+            full = self._names.get(topic) or self._names.setdefault(topic, self._settings.topic(topic))
+            kb = key.encode() if key is not None else None
+            keys.append(kb)
+            parts.append(await self._partition_of(client, full, kb))
+        # (short, partition) -> [builder, messages in it, index of each in `queued`]
+        slots: dict[tuple[str, int], list[Any]] = {}
+        for i, (topic, _key, value) in enumerate(queued):
+            kb = keys[i]
+            slot = slots.get((topic, parts[i]))
+            if slot is None:
+                slot = slots[(topic, parts[i])] = [client.create_batch(), 0, []]
+            if slot[0].append(key=kb, value=value, timestamp=None) is None:  # full: send it, start another
+                await self._send_batch(client, topic, parts[i], slot, sent)
+                slot[0], slot[1], slot[2] = client.create_batch(), 0, []
+                if slot[0].append(key=kb, value=value, timestamp=None) is None:
+                    # larger than a batch: on its own, in order (the batch before it is on its way)
+                    await self.send(topic, _key, value)
+                    sent.add(i)
+                    continue
+            slot[1] += 1
+            slot[2].append(i)
+        for (topic, part), slot in slots.items():
+            if slot[1]:
+                await self._send_batch(client, topic, part, slot, sent)
+
+    async def _partition_of(self, client: AIOKafkaProducer, full: str, key: bytes | None) -> int:
+        layout = self._layout.get(full)
+        now = time.monotonic()
+        if layout is None or now - layout[1] > 30.0:
+            parts = sorted(await client.partitions_for(full))
+            layout = self._layout[full] = (parts, now, {} if layout is None or layout[0] != parts else layout[2])
+        parts, _, by_key = layout
+        if key is None:
+            return int(self._partitioner(None, parts, parts))
+        part = by_key.get(key)
+        if part is None:
+            if len(by_key) > 100_000:
+                by_key.clear()
+            part = by_key[key] = int(self._partitioner(key, parts, parts))
+        return part
+
+    async def _send_batch(
+        self, client: AIOKafkaProducer, topic: str, part: int, slot: list[Any], sent: set[int]
+    ) -> None:
+        fut: asyncio.Future[Any] = await client.send_batch(slot[0], self._names[topic], partition=part)
+        sent.update(slot[2])
+        fut.add_done_callback(functools.partial(self._finished, topic, client, count=slot[1]))
+        self._pending.append((topic, fut))
+        self.batches += 1
+
+    def _finished(self, topic: str, client: AIOKafkaProducer, fut: asyncio.Future[Any], count: int = 1) -> None:
+        """Done callback of a send or a batch (``functools.partial`` of topic, client, count)."""
+        self._done(topic, fut, client, count)
+
+    def _done(
+        self, topic: str, fut: asyncio.Future[Any], client: AIOKafkaProducer | None = None, count: int = 1
+    ) -> None:
         if fut.cancelled():
             return
         exc = fut.exception()  # retrieved here: never "Future exception was never retrieved"
         if exc is None:
-            self.delivered += 1
+            self.delivered += count
             self.last_ok_at = time.time()
             if self._metrics:
-                self._metrics.messages_out.labels(topic).inc()
+                self._metrics.messages_out.labels(topic).inc(count)
             return
-        self.failed += 1
+        self.failed += count
         self.last_error_at = time.time()
         self.last_error = f"{type(exc).__name__}: {exc}"
         if isinstance(exc, OutOfOrderSequenceNumber | UnknownProducerId) and client is self._producer:
@@ -287,7 +443,9 @@ class Producer:
 
     async def confirm(self) -> None:
         """Wait for every message queued so far. Raises :class:`DeliveryError` listing those the
-        broker did not confirm (each is counted once, then forgotten)."""
+        broker did not confirm (each is counted once, then forgotten). Messages queued by
+        :meth:`queue` are drained first (including those a background drain has taken)."""
+        await self._settle()
         pending, self._pending = self._pending, []
         if not pending:
             return
