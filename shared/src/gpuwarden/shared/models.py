@@ -401,8 +401,7 @@ class AttributedEvent(Model):
     )
     attribution: Attribution = Field(
         "known",
-        description="known, or unknown: Slurm's view did not reach event.ts within the hold "
-        "(see AttributedSample)",
+        description="known, or unknown: Slurm's view did not reach event.ts within the hold (see AttributedSample)",
     )
 
 

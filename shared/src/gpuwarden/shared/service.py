@@ -26,7 +26,7 @@ from .bus import Consumer, Handler, Producer, ProducerLike
 from .metrics import ServiceMetrics
 from .settings import ServiceSettings
 
-__all__ = ["HttpEndpoint", "Lifecycle", "Service", "run_service"]
+__all__ = ["HttpEndpoint", "Lifecycle", "Service", "run_service", "tune_gc"]
 
 log = logging.getLogger(__name__)
 
@@ -192,12 +192,15 @@ class Service:
         listener: Any = None,
         commit_interval_s: float = 0.0,
         checkpoint: Any = None,
+        fetch_min_bytes: int = 1,
     ) -> Consumer:
         """A :class:`~gpuwarden.shared.bus.Consumer` of ``topics`` in ``group`` (default the
         settings' group, else ``gpuwarden-<service>``), run and stopped with the service.
 
         ``listener`` (an aiokafka ``ConsumerRebalanceListener``), ``commit_interval_s`` and
         ``checkpoint`` are the consumer's (see there): a stateful stage passes all three.
+        ``fetch_min_bytes`` > 1 batches a high-volume lane (the broker waits up to 100 ms for
+        that much); leave it at 1 where latency matters (XIDs).
         """
         c = Consumer(
             self.settings,
@@ -210,6 +213,7 @@ class Service:
             self.settings.auto_offset_reset,
             listener=listener,
             commit_interval_s=commit_interval_s,
+            fetch_min_bytes=fetch_min_bytes,
         )
         c.checkpoint = checkpoint
         self._consumers.append(c)
@@ -254,6 +258,7 @@ async def _serve(factory: Callable[[], Lifecycle], ready: Callable[[], None] | N
     service = factory()
     try:
         await service.start()
+        tune_gc(getattr(service, "settings", None))
         if ready:
             ready()
         waiters: list[asyncio.Task[Any]] = [asyncio.create_task(stop.wait())]
@@ -271,6 +276,20 @@ async def _serve(factory: Callable[[], Lifecycle], ready: Callable[[], None] | N
         return rc
     finally:
         await service.stop()
+
+
+def tune_gc(settings: Any) -> None:
+    """Freeze what start-up allocated (modules, catalogs, settings: never garbage, never scanned
+    again) and space the young-generation collections out to ``gc_young_threshold``
+    allocations (``GPUWARDEN_GC_YOUNG_THRESHOLD``; 0 keeps Python's). A stage that keeps
+    per-node state for a large fleet otherwise re-scans it in every older-generation pass."""
+    import gc
+
+    young = getattr(settings, "gc_young_threshold", 0)
+    gc.freeze()
+    if young:
+        _, g1, g2 = gc.get_threshold()
+        gc.set_threshold(young, g1, g2)
 
 
 def run_service(factory: Callable[[], Lifecycle], log_level: str | None = None) -> int:

@@ -213,8 +213,7 @@ def _fold_into(acc: list[Any], tus: int, g: GpuSample) -> None:
     """
     acc[_TS].append(tus)
     sums = acc[_SUM]
-    i = 0
-    for v in _GET_MEANS(g):
+    for i, v in enumerate(_GET_MEANS(g)):
         if v is not None:
             s = sums[i]
             if s is None:
@@ -222,15 +221,12 @@ def _fold_into(acc: list[Any], tus: int, g: GpuSample) -> None:
             else:
                 s[0] += round(v * _SCALE)
                 s[1] += 1
-        i += 1
     last = acc[_LASTS]
-    i = 0
-    for v in _GET_LASTS(g):
+    for i, v in enumerate(_GET_LASTS(g)):
         if v is not None:
             cur = last[i]
             if cur is None or tus >= cur[0]:
                 last[i] = [tus, v]
-        i += 1
     u, m, t, tr, procs = _GET_REST(g)
     if u is not None:
         lo, hi = acc[_UMIN], acc[_UMAX]

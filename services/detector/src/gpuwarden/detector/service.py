@@ -79,7 +79,8 @@ class DetectorService(Service):
 
     async def on_start(self) -> None:
         # Two lanes (.lanes): events and Slurm state never wait behind a sample backlog.
-        self.durable.attach(self.consume(list(SAMPLE_LANE), self.handle))
+        # the sample lane batches its fetches (up to 100 ms): XIDs are in the event lane
+        self.durable.attach(self.consume(list(SAMPLE_LANE), self.handle, fetch_min_bytes=256 * 1024))
         self.durable.attach(
             self.consume(list(EVENT_LANE), self.handle, group=event_lane_group(self.settings, self.name))
         )

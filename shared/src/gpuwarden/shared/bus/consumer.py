@@ -63,6 +63,7 @@ class Consumer:
         retry_s: float = 1.0,
         listener: Any = None,
         commit_interval_s: float = 0.0,
+        fetch_min_bytes: int = 1,
     ) -> None:
         self._settings = settings
         self.service = service
@@ -87,6 +88,7 @@ class Consumer:
         given: a record it still holds keeps its partition's commit below it)."""
         self._listener = listener
         self._commit_interval_s = commit_interval_s
+        self._fetch_min_bytes = fetch_min_bytes
         self._drain: Callable[[], Awaitable[None]] | None = getattr(producer, "drain_soon", None)
         self._in_counters: dict[str, Any] = {}
         self._last_commit = 0.0
@@ -108,6 +110,9 @@ class Consumer:
             heartbeat_interval_ms=1000,
             max_poll_interval_ms=300000,
             fetch_max_wait_ms=100,
+            # > 1: the broker answers a fetch when this much is there or 100 ms passed (fewer,
+            # larger batches for a high-volume lane; at most 100 ms more latency)
+            fetch_min_bytes=self._fetch_min_bytes,
         )
         try:
             await c.start()
@@ -184,6 +189,12 @@ class Consumer:
         if c is not None:
             await self._commit(c, force=force)
 
+    def owns(self, rec: ConsumerRecord) -> bool:
+        """Whether ``rec``'s partition is assigned to this member now (a handler that waited
+        across a rebalance checks it before it changes state for that partition)."""
+        c = self._consumer
+        return c is not None and TopicPartition(rec.topic, rec.partition) in c.assignment()
+
     async def lag(self) -> dict[str, int]:
         """Consumer lag per short topic name (messages), summed over assigned partitions."""
         c = self._consumer
@@ -238,7 +249,9 @@ class Consumer:
                             await asyncio.sleep(0)  # let the process's other lanes run (YIELD_EVERY_S)
                             yield_at = clock() + YIELD_EVERY_S
                 if self._drain is not None:
-                    await self._drain()  # outputs the handler queued (Producer.queue), batched per partition in the background
+                    await (
+                        self._drain()
+                    )  # outputs the handler queued (Producer.queue), batched per partition in the background
                 await self._commit(c)
             except (DeliveryError, KafkaError) as exc:
                 denied = not_authorized(exc)

@@ -47,6 +47,7 @@ class ProducerLike(Publisher, Protocol):
     async def publish_raw(self, topic: str, key: str | None, value: bytes) -> None: ...
     def queue(self, topic: str, key: str | None, value: bytes) -> None: ...
     async def drain(self) -> None: ...
+    async def drain_soon(self) -> None: ...
 
 
 class MemoryPublisher:
@@ -73,6 +74,9 @@ class MemoryPublisher:
         self.sent.append((topic, key, decode(topic, value)))
 
     async def drain(self) -> None:
+        """Nothing queued."""
+
+    async def drain_soon(self) -> None:
         """Nothing queued."""
 
     async def publish(self, topic: str, key: str | None, value: BaseModel) -> None:
@@ -363,7 +367,9 @@ class Producer:
                 self._queued = [m for i, m in enumerate(queued) if i not in sent] + self._queued
                 raise
 
-    async def _drain(self, client: AIOKafkaProducer, queued: list[tuple[str, str | None, bytes]], sent: set[int]) -> None:
+    async def _drain(
+        self, client: AIOKafkaProducer, queued: list[tuple[str, str | None, bytes]], sent: set[int]
+    ) -> None:
         parts = []
         keys = []
         for topic, key, _value in queued:
