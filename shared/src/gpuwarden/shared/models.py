@@ -122,9 +122,10 @@ PatternGlob = Annotated[str, AfterValidator(check_pattern_glob)]
 
 
 class Model(BaseModel):
-    """Base of every gpuwarden message: frozen, strict about unknown fields."""
+    """Base of every gpuwarden message: frozen, strict about unknown fields, finite numbers only
+    (``allow_inf_nan=False``: a JSON `Infinity`, `NaN` or `1e999` is a validation error)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False, allow_inf_nan=False)
 
     def to_json(self) -> bytes:
         """Serialise to compact JSON bytes (orjson), dropping nothing."""
