@@ -1,6 +1,6 @@
-"""The codec validates a message's bytes in one pass (``model_validate_json``) and keeps the
-rules of the old orjson path: finite numbers only, not-JSON as a ``ValueError``, unknown fields of
-a newer producer dropped."""
+"""The codec's rules: finite numbers only (orjson rejects ``Infinity``, ``NaN`` and ``1e999``;
+pydantic's own JSON parser, ``model_validate_json``, would take them as floats), not-JSON as a
+``ValueError``, unknown fields of a newer producer dropped."""
 
 from __future__ import annotations
 

@@ -122,10 +122,9 @@ PatternGlob = Annotated[str, AfterValidator(check_pattern_glob)]
 
 
 class Model(BaseModel):
-    """Base of every gpuwarden message: frozen, strict about unknown fields, finite numbers only
-    (``allow_inf_nan=False``: a JSON `Infinity`, `NaN` or `1e999` is a validation error)."""
+    """Base of every gpuwarden message: frozen, strict about unknown fields."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False, allow_inf_nan=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
 
     def to_json(self) -> bytes:
         """Serialise to compact JSON bytes (orjson), dropping nothing."""
