@@ -306,8 +306,10 @@ class Group:
             state, members = await self.describe()
             return state == "Stable" and set(members) == want
 
-        await poll(stable, lambda: f"{what}: group Stable with {sorted(want)} (now {state} {sorted(members)})",
-                   self, timeout)  # fmt: skip
+        def describe() -> str:
+            return f"{what}: group Stable with {sorted(want)} (now {state} {sorted(members)})"
+
+        await poll(stable, describe, self, timeout)
         before = await self.committed()
         samples = self.bus.t("gpu.samples")
 

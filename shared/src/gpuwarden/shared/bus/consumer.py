@@ -89,7 +89,7 @@ class Consumer:
         self._listener = listener
         self._commit_interval_s = commit_interval_s
         self._fetch_min_bytes = fetch_min_bytes
-        self._drain: Callable[[], Awaitable[None]] | None = getattr(producer, "drain_soon", None)
+        self._drain_soon: Callable[[], Awaitable[None]] | None = getattr(producer, "drain_soon", None)
         self._in_counters: dict[str, Any] = {}
         self._last_commit = 0.0
         self.handled = 0
@@ -248,10 +248,9 @@ class Consumer:
                         if clock() >= yield_at:
                             await asyncio.sleep(0)  # let the process's other lanes run (YIELD_EVERY_S)
                             yield_at = clock() + YIELD_EVERY_S
-                if self._drain is not None:
-                    await (
-                        self._drain()
-                    )  # outputs the handler queued (Producer.queue), batched per partition in the background
+                if self._drain_soon is not None:
+                    # outputs the handler queued (Producer.queue), batched per partition in the background
+                    await self._drain_soon()
                 await self._commit(c)
             except (DeliveryError, KafkaError) as exc:
                 denied = not_authorized(exc)

@@ -385,8 +385,9 @@ class Producer:
             if slot is None:
                 slot = slots[(topic, parts[i])] = [client.create_batch(), 0, []]
             if slot[0].append(key=kb, value=value, timestamp=None) is None:  # full: send it, start another
-                await self._send_batch(client, topic, parts[i], slot, sent)
-                slot[0], slot[1], slot[2] = client.create_batch(), 0, []
+                if slot[1]:
+                    await self._send_batch(client, topic, parts[i], slot, sent)
+                    slot[0], slot[1], slot[2] = client.create_batch(), 0, []
                 if slot[0].append(key=kb, value=value, timestamp=None) is None:
                     # larger than a batch: on its own, in order (the batch before it is on its way)
                     await self.send(topic, _key, value)
