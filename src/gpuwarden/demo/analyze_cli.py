@@ -57,6 +57,13 @@ def analyze(
         float, typer.Option(min=0.001, max=60, help="Pipeline tick, s: finer readings are summarised")
     ] = 1.0,
     fmt: Annotated[str | None, typer.Option("--format", help="Force a format instead of detecting it")] = None,
+    boot_time: Annotated[
+        str | None,
+        typer.Option(
+            help="Boot time of the node (ISO-8601, UTC unless it names a zone, e.g. `uptime -s` in UTC; or "
+            "epoch s) for kernel logs with [seconds since boot] stamps (plain `dmesg`)"
+        ),
+    ] = None,
     report: Annotated[Path | None, typer.Option(help="Write the JSON report (simulate's format) here")] = None,
     bootstrap_servers: Annotated[
         str | None,
@@ -79,6 +86,7 @@ def analyze(
 
     check_report_path(report, console)
     try:
+        boot_ts = _epoch(boot_time) if boot_time else None
         rec = load_recording(
             files,
             node=node,
@@ -86,6 +94,7 @@ def analyze(
             columns=[c.strip() for c in columns.split(",")] if columns else None,
             tick_s=tick,
             fmt=fmt,
+            boot_ts=boot_ts,
         )
     except (OSError, ValueError) as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}")
@@ -113,6 +122,7 @@ def analyze(
                 job_id=None if no_job else job_id,
                 user=user,
                 price_usd_per_gpu_hour=price,
+                spans=list(rec.spans.values()),
             )
     except ValueError as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}")
@@ -147,6 +157,8 @@ def _through_kafka(
     price: float,
     bootstrap: str,
 ) -> AnalyzeResult:
+    """The recording through the real services: as ONE job (``analyze_kafka.run`` takes one),
+    whatever runs the files form."""
     from . import analyze_kafka
     from .analyze import AnalyzeResult, index_by_pci, recording_job, span, with_missing_inputs
 
@@ -162,6 +174,25 @@ def _through_kafka(
     return result
 
 
+def _epoch(text: str) -> float:
+    """``--boot-time``: epoch s, or ISO-8601 (``Z``/offset, else UTC).
+
+    Raises:
+        ValueError: neither.
+    """
+    from datetime import UTC, datetime
+
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        dt = datetime.fromisoformat(text.strip())
+    except ValueError as exc:
+        raise ValueError(f"--boot-time {text!r} is not ISO-8601 (2024-05-01T11:00:00Z) or epoch seconds") from exc
+    return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()
+
+
 def _recorded_name(rec: Any) -> str | None:
     for s in rec.samples[:1]:
         for g in s.gpus:
@@ -170,15 +201,24 @@ def _recorded_name(rec: Any) -> str | None:
     return None
 
 
+def _when(ts_utc: str | None, rel_s: float) -> str:
+    """``2024-05-01T12:03:04Z (t=301 s)``; only ``t=301 s`` without a wall-clock time."""
+    return f"{ts_utc} (t={rel_s:.0f} s)" if ts_utc else f"t={rel_s:.0f} s"
+
+
 def _print(rep: dict[str, Any]) -> None:
     r = rep["recording"]
     head = Table.grid(padding=(0, 2))
     for f, kind in r["files"].items():
-        head.add_row("file", escape(f"{f} ({kind})"))
+        sp = r.get("spans", {}).get(f)
+        when = f", {sp['start_utc']} .. {sp['end_utc']}" if sp and sp["start_utc"] else ""
+        head.add_row("file", escape(f"{f} ({kind}{when})"))
     head.add_row("node / GPUs", escape(f"{r['node']}: {len(r['gpus'])} GPUs {r['gpus']}"))
+    period = f"{r['start_utc']} .. {r['end_utc']}, " if r.get("start_utc") else ""
+    interval = format(r["interval_s"], ".3g") if r["interval_s"] else "-"
     head.add_row(
         "span",
-        f"{r['duration_s']:.0f} s, interval {r['interval_s'] or '-'} s, {r['rows']} rows, "
+        f"{period}{r['duration_s']:.0f} s, interval {interval} s, {r['rows']} rows, "
         f"{r['ticks']} ticks, {r['events']} events, {len(r['gaps'])} gaps",
     )
     head.add_row("fields", escape(", ".join(r["fields"]) or "-"))
@@ -192,19 +232,35 @@ def _print(rep: dict[str, Any]) -> None:
         console.print("[green]no findings[/]")
     for f in fails:
         where = f"{f['node']}" + (f" GPU {f['gpu_index']}" if f["gpu_index"] is not None else "")
+        ident = f.get("pci_bus_id") or f.get("gpu_uuid")
+        if ident:
+            where += f" ({ident})" if f["gpu_index"] is not None else f" GPU at {ident}"
+        if f.get("job_id"):
+            where += f", job {f['job_id']}"
         console.print(
             f"\n[{_SEV.get(f['severity'], '')}]{f['severity']}[/] [bold]{f['pattern']}[/] "
-            f"({f['category']}, {f['rule_id']}) at t={f['first_seen_s']:.0f} s on {escape(where)}: "
-            f"action {f['recommended_action']}, {f['state']}"
+            f"({f['category']}, {f['rule_id']}) on {escape(where)}: action {f['recommended_action']}, {f['state']}"
+        )
+        n = f.get("occurrences", 1)
+        console.print(
+            f"  first seen {_when(f.get('first_seen_utc'), f['first_seen_s'])}, last seen "
+            f"{_when(f.get('last_seen_utc'), f.get('last_seen_s', f['first_seen_s']))} "
+            f"(window {f.get('window_s', 0):.0f} s, {n} occurrence{'s' if n != 1 else ''})"
         )
         console.print(f"  {escape(f['verdict'])}")
         for e in f["evidence"][:3]:
+            at = f" at {e['ts_utc']}" if e.get("ts_utc") else ""
             console.print(
                 f"  [dim]evidence {escape(str(e['signal']))}={escape(str(e['value']))} "
-                f"{escape(str(e.get('unit') or ''))} (threshold {escape(str(e.get('threshold')))})[/]"
+                f"{escape(str(e.get('unit') or ''))} (threshold {escape(str(e.get('threshold')))}){at}[/]"
             )
         for c in f["cannot_determine"]:
             console.print(f"  [dim]cannot tell {escape(c)}[/]")
     j = rep["job"]
-    if j["job_id"]:
-        console.print(f"job {escape(str(j['job_id']))}: {j['gpus']} GPUs, {j['gpu_hours']} GPU-h (${j['usd']})")
+    jobs = j.get("jobs") or []
+    for jr in jobs:
+        period = f", {jr['start_utc']} .. {jr['end_utc']}" if jr.get("start_utc") else ""
+        cost = f" (${j['usd']})" if len(jobs) == 1 else ""
+        console.print(escape(f"job {jr['job_id']}: {jr['gpus']} GPUs{period}, {jr['gpu_hours']} GPU-h{cost}"))
+    if len(jobs) > 1:
+        console.print(escape(f"{len(jobs)} jobs (one per run of the files): {j['gpu_hours']} GPU-h (${j['usd']})"))

@@ -1,8 +1,11 @@
 """Writing the JSON report of ``demo``, ``simulate`` and ``analyze`` (``--report FILE``), with a
-one-line error instead of a traceback when the file cannot be written."""
+one-line error instead of a traceback when the file cannot be written; :func:`iso_utc`, the one
+spelling of absolute times in reports and terminal output."""
 
 from __future__ import annotations
 
+import math
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +14,25 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-__all__ = ["check_report_path", "write_report"]
+__all__ = ["WALL_CLOCK_MIN_TS", "check_report_path", "iso_utc", "write_report"]
+
+#: Timestamps below this (epoch s, 2001-09-09) are not wall-clock times: seconds since boot of
+#: a kernel log read without its boot time.
+WALL_CLOCK_MIN_TS = 1e9
+
+
+def iso_utc(ts: float | None) -> str | None:
+    """Epoch seconds as ISO-8601 UTC: ``2024-05-01T12:03:04Z``, with milliseconds
+    (``2024-05-01T12:03:04.250Z``) when the time has a fraction of a second (rounded to 1 ms).
+
+    Returns None for None, a non-finite number, or a time before :data:`WALL_CLOCK_MIN_TS`
+    (seconds since boot, no wall-clock time to print)."""
+    if ts is None or not math.isfinite(ts) or ts < WALL_CLOCK_MIN_TS:
+        return None
+    ms = round(ts * 1000)
+    dt = datetime.fromtimestamp(ms // 1000, UTC)
+    frac = ms % 1000
+    return dt.strftime("%Y-%m-%dT%H:%M:%S") + (f".{frac:03d}Z" if frac else "Z")
 
 
 def check_report_path(path: Path | None, console: Console) -> None:

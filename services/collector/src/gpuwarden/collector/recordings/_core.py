@@ -9,7 +9,7 @@ import itertools
 import math
 import re
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 from pathlib import Path
@@ -17,7 +17,8 @@ from typing import Any
 
 from annotated_types import Ge, Le
 
-from gpuwarden.shared.models import GpuSample, NodeSample
+from gpuwarden.shared.models import GpuEvent, GpuSample, NodeSample
+from gpuwarden.shared.nvidia.pci import normalize_pci_bus_id
 
 #: One source reading: (ts epoch s, GPU index, {GpuSample field or "driver_version"/"cuda_version": value}).
 Reading = tuple[float, int, dict[str, Any]]
@@ -39,19 +40,124 @@ class ReadContext:
         self.notes.append(f"{self.file}: {text}")
 
 
+def pci_key(text: str | None) -> str | None:
+    """A PCI bus id in the one spelling used to compare GPUs across files (``dddd:bb:dd.f``
+    lower-case: ``00000000:9B:00.0``, ``0000:9b:00``, ``PCI:0000:9b:00`` and ``9b:00.0`` are
+    one GPU); text that is no bus id is compared lower-cased; None stays None."""
+    if not text:
+        return None
+    try:
+        return normalize_pci_bus_id(text)
+    except ValueError:
+        return text.strip().lower()
+
+
+def attach_gpu_ids(events: Iterable[GpuEvent], gpus: Sequence[GpuSample]) -> list[GpuEvent]:
+    """Events naming a GPU by PCI bus id (any spelling, :func:`pci_key`) or UUID get that GPU's
+    index, UUID and bus id from the telemetry's ``gpus`` (one node's inventory: ``index``,
+    ``pci_bus_id``, ``uuid``); an event that already has an index, or names a GPU the
+    inventory lacks, is returned unchanged. Order is kept."""
+    by_pci: dict[str, GpuSample] = {}
+    by_uuid: dict[str, GpuSample] = {}
+    for gs in gpus:
+        if (k := pci_key(gs.pci_bus_id)) is not None:
+            by_pci.setdefault(k, gs)
+        if gs.uuid:
+            by_uuid.setdefault(gs.uuid.lower(), gs)
+    out = []
+    for e in events:
+        g: GpuSample | None = None
+        if e.gpu_index is None:
+            k = pci_key(e.pci_bus_id)
+            g = by_pci.get(k) if k is not None else None
+            if g is None and e.gpu_uuid:
+                g = by_uuid.get(e.gpu_uuid.lower())
+        if g is None:
+            out.append(e)
+            continue
+        out.append(
+            e.model_copy(
+                update={
+                    "gpu_index": g.index,
+                    "gpu_uuid": e.gpu_uuid or g.uuid,
+                    "pci_bus_id": pci_key(e.pci_bus_id) or pci_key(g.pci_bus_id),
+                }
+            )
+        )
+    return out
+
+
+#: Bytes of a file's start that :func:`detect_encoding` looks at.
+ENCODING_PROBE_BYTES = 4096
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def detect_encoding(head: bytes) -> tuple[str, int]:
+    """The text encoding of a file from its first bytes: ``(codec, BOM length in bytes)``.
+
+    A byte-order mark decides (UTF-8 ``EF BB BF``; UTF-16LE ``FF FE``, as PowerShell's ``>``
+    and ``Out-File`` write; UTF-16BE ``FE FF``); without one, UTF-16 is recognised by its NUL
+    bytes (ASCII text in UTF-16LE has a NUL at every odd offset, in UTF-16BE at every even one:
+    at least 40 % of those offsets NUL and at most 5 % of the others); everything else is read
+    as UTF-8 (undecodable bytes become U+FFFD later). Never raises.
+    """
+    if head.startswith(b"\xef\xbb\xbf"):
+        return "utf-8", 3
+    if head.startswith(b"\xff\xfe"):
+        return "utf-16-le", 2
+    if head.startswith(b"\xfe\xff"):
+        return "utf-16-be", 2
+    sample = head[: len(head) - len(head) % 2]
+    n = len(sample) // 2
+    if n >= 2:
+        even, odd = sample[0::2].count(0), sample[1::2].count(0)
+        if odd >= 0.4 * n and even <= 0.05 * n:
+            return "utf-16-le", 0
+        if even >= 0.4 * n and odd <= 0.05 * n:
+            return "utf-16-be", 0
+    return "utf-8", 0
+
+
+def _open_binary(path: Path) -> io.BufferedReader | gzip.GzipFile:
+    """``path`` for reading bytes, gunzipped when it starts with the gzip magic (any name)."""
+    f = open(path, "rb")  # noqa: SIM115 - returned to the caller
+    if f.read(2) == _GZIP_MAGIC:
+        f.close()
+        return gzip.GzipFile(path, "rb")
+    f.seek(0)
+    return f
+
+
+def open_text(path: Path, *, newline: str | None = "") -> io.TextIOBase:
+    """``path`` opened for reading text, for streaming readers: the one place recordings are opened.
+
+    Gzip is recognised by its magic bytes (``.gz`` or not) and decompressed; the encoding is
+    :func:`detect_encoding`'s on the (decompressed) first :data:`ENCODING_PROBE_BYTES` bytes,
+    its byte-order mark skipped; undecodable bytes become U+FFFD. ``newline`` as for
+    :func:`open`: ``""`` (the default) keeps ``\\r\\n`` for the :mod:`csv` reader, None
+    translates CRLF and CR to ``\\n``.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    raw = _open_binary(path)
+    try:
+        enc, bom = detect_encoding(raw.read(ENCODING_PROBE_BYTES))
+        raw.seek(bom)
+    except BaseException:
+        raw.close()
+        raise
+    return io.TextIOWrapper(raw, encoding=enc, errors="replace", newline=newline)
+
+
 def read_text(path: Path) -> str:
-    """The text of ``path``; ``.gz`` files are decompressed. Undecodable bytes become U+FFFD."""
-    if path.suffix == ".gz":
-        with gzip.open(path, "rt", errors="replace", newline="") as f:
-            return f.read()
-    return path.read_text(errors="replace")
+    """The whole text of ``path`` as :func:`open_text` decodes it, line ends translated to ``\\n``.
 
-
-def open_text(path: Path) -> io.TextIOBase:
-    """``path`` opened for reading text (``.gz`` transparently), for streaming readers."""
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", errors="replace", newline="")
-    return open(path, errors="replace", newline="")
+    Raises:
+        OSError: the file cannot be read.
+    """
+    with open_text(path, newline=None) as f:
+        return f.read()
 
 
 # -- bounds of GpuSample fields (from the model, so they cannot drift) ----------------------

@@ -5,14 +5,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 from pathlib import Path
 
-from gpuwarden.shared.models import GpuEvent, GpuSample, NodeSample
+from gpuwarden.shared.models import EventKind, GpuEvent, GpuSample, NodeSample
 
-from ..sources import resolve_gpu
-from ._core import ReadContext, Reading, TickAggregator, merge_sorted_events, open_text, read_text
+from ._core import (
+    ReadContext,
+    Reading,
+    TickAggregator,
+    attach_gpu_ids,
+    merge_sorted_events,
+    open_text,
+    pci_key,
+    read_text,
+)
 
 __all__ = ["FORMATS", "Recording", "detect_format", "load_recording"]
 
@@ -28,7 +36,10 @@ class Recording:
     one GPU, s. ``gaps``: (start, end) spans, epoch s, without any reading longer than
     max(3 x interval, 2 x tick). ``rows``: source rows (CSV lines, dmon lines, scrape series,
     report GPUs, kernel-log lines) read. ``formats``: file -> detected format. ``notes``: what
-    the reader assumed or skipped.
+    the reader assumed or skipped. ``start_ts``/``end_ts``: first and last reading or event,
+    epoch s (None for a recording without either). ``spans``: file -> (first, last) epoch s of
+    its readings (a kernel log: of its events; dcgm-exporter scrapes: of the whole series);
+    files without any are left out.
     """
 
     node: str
@@ -43,6 +54,7 @@ class Recording:
     rows: int
     formats: dict[str, str]
     notes: list[str]
+    spans: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 FORMATS = (
@@ -136,6 +148,11 @@ def load_recording(
         boot_ts: boot time, epoch s, for kernel logs with relative ``[ 123.456]`` stamps (else
             they keep seconds since boot, from 0, and a note says so).
 
+    Text is decoded in one place (:func:`~gpuwarden.collector.recordings._core.open_text`):
+    UTF-8 with or without BOM, UTF-16LE/BE with BOM (PowerShell's ``>``) or without, CRLF or LF,
+    gzipped or not, all read the same. A kernel log's events get the GPU index, UUID and PCI
+    bus id of the telemetry GPU with the same PCI bus id (any spelling) or UUID.
+
     Raises:
         ValueError: a missing file, an unknown format, a malformed line (naming file and line),
             or ``tick_s`` <= 0.
@@ -157,11 +174,13 @@ def load_recording(
     events: list[GpuEvent] = []
     sources: list[str] = []
     dcgm_files: list[Path] = []
+    spans: dict[str, tuple[float, float]] = {}
     for path in files:
         f = fmt or detect_format(_head(path))
         formats[str(path)] = f
         ctx = ReadContext(path.name, tz)
         readings: Iterator[Reading] | None = None
+        before = {g: len(tl) for g, tl in agg.times.items()}
         if f == "nvidia-smi-csv":
             from .csvlog import read_smi_csv_log
 
@@ -185,6 +204,9 @@ def load_recording(
             readings = reader(text, ctx)
             for ts, gpu, vals in readings:
                 agg.add(ts, gpu, vals)
+        new = [t for g, tl in agg.times.items() for t in tl[before.get(g, 0) :]]
+        if new:
+            spans[str(path)] = (min(new), max(new))
         sources.append(f)
         notes.extend(ctx.notes)
         rows += ctx.rows
@@ -194,6 +216,10 @@ def load_recording(
         for ts, gpu, vals in read_dcgm_scrapes([(p.name, read_text(p)) for p in dcgm_files], ctx, node, dcgm_events):
             agg.add(ts, gpu, vals)
         events.extend(dcgm_events)
+        series = [t for tl in agg.times.values() for t in tl] + [e.ts for e in dcgm_events]
+        if series:
+            for p in dcgm_files:
+                spans[str(p)] = (min(series), max(series))
         sources.append("dcgm-exporter")
         notes.extend(ctx.notes)
         rows += ctx.rows
@@ -201,13 +227,43 @@ def load_recording(
     source = sources[0] if len(set(sources)) == 1 else "recording"
     samples = agg.samples(node, source, f"recording:{node}")
     year = datetime.fromtimestamp(samples[0].ts, UTC).year if samples else None
-    inventory = [GpuSample.model_construct(index=i, pci_bus_id=p, uuid=agg.uuid.get(i)) for i, p in agg.pci.items()]
+    inventory = [
+        GpuSample.model_construct(index=i, pci_bus_id=agg.pci.get(i), uuid=agg.uuid.get(i))
+        for i in sorted(set(agg.pci) | set(agg.uuid))
+    ]
+    known = ({pci_key(g.pci_bus_id) for g in inventory} | {(g.uuid or "").lower() for g in inventory}) - {None, ""}
+    absolute = bool(samples) and samples[0].ts >= 1e9
     for path, f, ctx in kernel:
         evs = read_kernel_log(read_text(path), ctx, node, json=f == "journalctl-json", boot_ts=boot_ts, year=year)
-        events.extend(resolve_gpu(e, inventory) for e in evs)
+        evs = attach_gpu_ids(evs, inventory)
+        if inventory:
+            strangers = sorted(
+                {
+                    e.pci_bus_id
+                    for e in evs
+                    if e.gpu_index is None
+                    and e.pci_bus_id
+                    and e.kind is not EventKind.SXID
+                    and pci_key(e.pci_bus_id) not in known
+                    and (e.gpu_uuid or "").lower() not in known
+                }
+            )
+            if strangers:
+                ctx.note(
+                    f"names GPU{'s' if len(strangers) > 1 else ''} {', '.join(strangers)}, which the telemetry "
+                    "does not list (another node's log?): those events carry no GPU index"
+                )
+        if absolute and evs and evs[0].ts < 1e9:
+            ctx.note(
+                "its stamps are seconds since boot while the telemetry has wall-clock times: give the boot "
+                "time (`gpuwarden analyze --boot-time`) to line the two up"
+            )
+        if evs:
+            spans[str(path)] = (evs[0].ts, evs[-1].ts)
+        events.extend(evs)
         notes.extend(ctx.notes)
         rows += ctx.rows
-    all_ts = [t for tl in agg.times.values() for t in tl]
+    all_ts = [t for tl in agg.times.values() for t in tl] + [e.ts for e in events]
     return Recording(
         node=node,
         samples=samples,
@@ -221,4 +277,5 @@ def load_recording(
         rows=rows,
         formats=formats,
         notes=notes,
+        spans=spans,
     )
