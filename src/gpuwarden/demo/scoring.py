@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpuwarden.detector.jobreport import JobReporter, job_report_rows
+from gpuwarden.detector.jobreport.model import WINDOW_S
 from gpuwarden.shared.bus import decode
 from gpuwarden.shared.models import Failure, Remediation
 from gpuwarden.shared.scenario import Scenario
@@ -36,6 +37,10 @@ class RunResult:
     deadletters: list[dict[str, Any]] = field(default_factory=list)
     ready_s: dict[str, float] = field(default_factory=dict)
     job_reports: JobReporter | None = None
+    #: True: the run stopped once its expectations were found (``gpuwarden demo``), before the
+    #: scenario's end; False: it played to the end; None: inferred (the job windows stopped
+    #: more than two windows short of the scenario's end). See :meth:`verdict_as_of`.
+    stopped_early: bool | None = None
 
     def observe(self, short: str, value: bytes | None) -> None:
         """Feed ``slurm.jobs``, ``job.windows`` and ``failures`` messages to the job verdicts."""
@@ -47,6 +52,37 @@ class RunResult:
             except (ValueError, ValidationError):
                 pass  # counted as unreadable by the caller's own decoding
 
+    def verdict_as_of(self) -> dict[str, float]:
+        """Job id -> where the run report's verdict of a running job ends, epoch s (event time).
+
+        A run that played to its end: nothing (each verdict ends where its windows reached,
+        the same at every speed once the pipeline drained). A run stopped early: each running
+        job with failures at the end of the window of its latest failure
+        (:meth:`JobReporter.cut`): after every failure it counts and independent of how far
+        the windows got before the stop. (:meth:`verdicts_settled` says whether the windows up
+        to there are in.)"""
+        rep = self.job_reports
+        if rep is None:
+            return {}
+        early = self.stopped_early
+        if early is None:
+            end = self.sim_start + self.scenario.duration_s
+            early = rep.watermark > 0 and rep.watermark < end - 2 * WINDOW_S
+        if not early:
+            return {}
+        return {k: c for k in rep.jobs() if (c := rep.cut(k)) is not None}
+
+    def verdicts_settled(self) -> bool:
+        """Whether every verdict the run report holds is final in event time: the windows of
+        each running job with failures reached :meth:`verdict_as_of` (else its failures' cut),
+        and an ended job's windows reached its end. A runner that stops early waits for this
+        (a failure arrives ahead of the windows of its second)."""
+        rep = self.job_reports
+        if rep is None:
+            return True
+        at = self.verdict_as_of()
+        return all(rep.settled(k, at.get(k, rep.cut(k))) for k in rep.jobs() if rep.cut(k) is not None)
+
     def report(self) -> dict[str, Any]:
         """The run report (docs/architecture.md#scenarios; ``first_seen_s`` = seconds since scenario start)."""
         fails = sorted(self.failures.values(), key=lambda f: (f.first_seen, f.node, f.gpu_index or -1))
@@ -54,7 +90,7 @@ class RunResult:
         return {
             "scenario": self.scenario.name,
             "failures": [failure_row(f, self.sim_start) for f in fails],
-            "job_reports": job_report_rows(self.job_reports),
+            "job_reports": job_report_rows(self.job_reports, self.verdict_as_of()),
             "remediations": [
                 {
                     "node": r.node,
@@ -116,17 +152,23 @@ def score(scenario: Scenario, failures: list[Failure], sim_start: float) -> dict
     ``start_s``). Every other failure is a false positive unless it, too, matches an expectation
     (same pattern, node, GPU and job, inside the same window) or ``allow`` lets its pattern
     appear on its node: a failure on another GPU, another node or outside the window is a
-    false positive, never a "repeat".
+    false positive, never a "repeat". An expectation with ``count`` covers at most that many
+    distinct failures (the earliest): one fault reported as several findings fails the scenario.
     """
     found, missed, covered = [], [], set()
     for exp in scenario.expect:
         origin = _origin(scenario, exp)
         hit = None
+        mine: list[str] = []
         for f in failures:
             if not _matches(exp, f):
                 continue
             delay = f.first_seen - sim_start - origin
             if -1.0 <= delay <= exp.within_s:
+                if f.failure_id not in mine:
+                    if exp.count is not None and len(mine) >= exp.count:
+                        continue
+                    mine.append(f.failure_id)
                 covered.add(f.failure_id)
                 if hit is None:
                     hit = (f, delay)

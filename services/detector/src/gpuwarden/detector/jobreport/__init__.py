@@ -23,7 +23,11 @@ falls into exactly one share of the breakdown, so the shares add up to the alloc
 * ``no-telemetry``: allocated time no window covers (or a window without utilisation).
 
 :class:`JobReporter` keeps what it needs per job (compact columns, not the messages) and builds
-reports on demand, when a job ends or is requeued, and when one is due.
+reports on demand, when a job ends or is requeued, and when one is due. A running job's report
+ends no earlier than the end of the window holding its latest failure (a report is never taken
+before a failure it counts); a failure's report waits for the windows up to there, so it is the
+same however late they arrive (:mod:`.reporter`). The verdict names the GPUs and time ranges of
+each waste category and gives advice that fits the cause (:mod:`.verdict`).
 
 Modules: :mod:`.model` (the failure classes and thresholds the breakdown uses, a GPU's windows
 as columns), :mod:`.breakdown` (the span and the per-window cost attribution),

@@ -23,13 +23,16 @@ from .model import (
     WRITER_MAX_UTIL_PCT,
     Episode,
     Series,
+    Stretch,
+    failure_cut,
     is_loss,
     onset,
+    window_len,
     window_peak,
 )
 from .verdict import assemble
 
-__all__ = ["build", "build_job_report", "gpu_row", "span"]
+__all__ = ["build", "build_job_report", "gpu_row", "loss_gpus", "span"]
 
 
 def build_job_report(
@@ -49,12 +52,15 @@ def build_job_report(
         failures: failures of the job (``job_id``; others ignored); the latest version of each
             ``failure_id`` wins.
         price_usd_per_gpu_hour: USD per GPU-hour.
-        as_of: end of the span for a running job, epoch s (default: the time most of its GPUs'
-            windows reached, the median of their last window ends; else the state's ``ts``).
+        as_of: end of the span for a running job, epoch s (default: the later of the time most
+            of its GPUs' windows reached, the median of their last window ends, else the
+            state's ``ts``; and :func:`~.model.failure_cut`, the end of the window holding the
+            latest failure's ``first_seen``: a report is never taken before a failure it counts).
 
     Returns:
         The report; its breakdown adds up to ``gpu_hours`` (GPU-hours rounded to 1e-6, USD to
-        cents, by largest remainder).
+        cents, by largest remainder). A failure whose onset is after the span's end (an
+        explicit ``as_of``, the job's end) is not counted.
 
     Raises:
         ValueError: a negative price, or ``as_of`` before the job's start.
@@ -72,7 +78,17 @@ def build_job_report(
     return build(job, series, list(latest.values()), price_usd_per_gpu_hour, as_of)
 
 
-def span(job: JobState, series: dict[tuple[str, int], Series], as_of: float | None) -> tuple[float, float, bool]:
+def span(
+    job: JobState,
+    series: dict[tuple[str, int], Series],
+    as_of: float | None,
+    failures: Sequence[Failure] = (),
+) -> tuple[float, float, bool]:
+    """The report's ``(start, end, final)``, epoch s (see :func:`build_job_report` for ``as_of``).
+
+    Raises:
+        ValueError: ``as_of`` before the job's start.
+    """
     starts = [s.cols["start"][0] for s in series.values() if len(s)]
     ends = [s.cols["end"][-1] for s in series.values() if len(s)]
     t0 = job.start_ts if job.start_ts is not None else min(starts, default=job.ts)
@@ -85,6 +101,10 @@ def span(job: JobState, series: dict[tuple[str, int], Series], as_of: float | No
         # the time most GPUs' windows reached: windows of one period arrive GPU by GPU, and a
         # GPU that stopped reporting must not hold the report back
         t1 = statistics.median_high(ends) if ends else job.ts
+        # never before a failure it counts (an XID arrives ahead of the windows of its second)
+        cut = failure_cut(list(failures), window_len(series))
+        if cut is not None:
+            t1 = max(t1, cut)
     if as_of is not None and as_of < t0:
         raise ValueError(f"as_of {as_of} is before the job's start {t0}")
     return t0, max(t0, t1), final
@@ -97,14 +117,26 @@ def build(
     price: float,
     as_of: float | None,
 ) -> JobReport:
+    """The report of ``job`` from its windows as columns and its failures (latest versions).
+
+    Args:
+        job: the job's Slurm state (see :func:`build_job_report`).
+        series: (node, GPU index) -> that GPU's windows.
+        failures: the job's failures; those whose onset is after the span's end are left out.
+        price: USD per GPU-hour.
+        as_of: the span's end for a running job, epoch s (None: see :func:`span`).
+
+    Raises:
+        ValueError: a negative price, or ``as_of`` before the job's start.
+    """
     if price < 0:
         raise ValueError(f"price must be >= 0 USD per GPU-hour, got {price}")
-    t0, t1, final = span(job, series, as_of)
-    gpus = [(n, i) for n in job.nodes or sorted(job.gpus) for i in job.gpus.get(n, [])]
-    if not gpus:
-        gpus = sorted(series)
+    t0, t1, final = span(job, series, as_of, failures)
+    # only the span's windows: a report up to t1 is the same whatever arrived after it
+    series = {g: s.between(t0, t1) for g, s in series.items()}
+    gpus = job_gpus(job, series)
     gpu_set = set(gpus)
-    failures = sorted(failures, key=lambda f: (onset(f), f.failure_id))
+    failures = sorted((f for f in failures if onset(f) <= t1), key=lambda f: (onset(f), f.failure_id))
     episodes: dict[str, list[Episode]] = {}
     for f in failures:
         end = f.last_seen if f.state is FailureState.RESOLVED else t1
@@ -116,13 +148,7 @@ def build(
         if not is_loss(f):
             continue
         start = min(max(onset(f), t0), t1)
-        if f.cost.affected_gpus >= len(gpus) or (f.gpu_index is None and f.cost.affected_gpus == 0):
-            hit = gpus
-        elif f.gpu_index is not None:
-            hit = [(f.node, f.gpu_index)] if (f.node, f.gpu_index) in gpu_set else []
-        else:
-            hit = [g for g in gpus if g[0] == f.node]
-        for g in hit:
+        for g in loss_gpus(f, gpus):
             if g not in loss or start < loss[g][0]:
                 loss[g] = (start, f.failure_id)
 
@@ -191,47 +217,78 @@ def build(
             attributed[cat][fid] = attributed[cat].get(fid, 0.0) + dt
 
     def covering(pattern: str, a: float, b: float, g: tuple[str, int] | None = None) -> Episode | None:
+        """The episode of ``pattern`` over the window; for a GPU ``g``: its own GPU's first,
+        then one of its node, then a node- or job-level one of another node."""
+        best: tuple[int, Episode] | None = None
         for ep in episodes.get(pattern, []):
             f = ep.failure
             if g is not None and f.gpu_index is not None and (f.node, f.gpu_index) != g:
                 continue
-            if ep.covers(a, b):
+            if not ep.covers(a, b):
+                continue
+            if g is None:
                 return ep
-        return None
+            rank = 0 if f.gpu_index is not None else (1 if f.node == g[0] else 2)
+            if best is None or rank < best[0]:
+                best = (rank, ep)
+        return best[1] if best is not None else None
 
     per_gpu: list[ReportGpu] = []
+    stretches: list[Stretch] = []
     for g in gpus:
         s = series.get(g) or Series()
         lost_from, lost_by = loss.get(g, (t1, ""))
         add(WasteCategory.LOST_TO_FAILURE, t1 - lost_from, lost_by or None)
         covered = busy_s = 0.0
         c = s.cols
+        # this GPU's time by category, window by window: (category, start, end, seconds, failure)
+        marks: list[tuple[WasteCategory, float, float, float, str | None]] = []
+        if t1 > lost_from:
+            marks.append((WasteCategory.LOST_TO_FAILURE, lost_from, t1, t1 - lost_from, lost_by or None))
+        seen: list[tuple[float, float]] = []  # the windows' clipped spans
+        worked: list[tuple[float, float]] = []  # windows where the GPU did something (peak above idle)
+
+        def mark(
+            cat: WasteCategory,
+            a: float,
+            b: float,
+            dt: float,
+            fid: str | None = None,
+            marks: list[tuple[WasteCategory, float, float, float, str | None]] = marks,
+        ) -> None:
+            add(cat, dt, fid)
+            if dt > 0 and cat is not WasteCategory.BUSY:
+                marks.append((cat, a, b, dt, fid))
+
         for i in range(len(s)):
             a, b = max(c["start"][i], t0), min(c["end"][i], lost_from)
             dt = b - a
             if dt <= 0:
                 continue
             covered += dt
+            seen.append((a, b))
             u, peak = c["util_mean"][i], window_peak(s, i)
             if math.isnan(peak):
-                add(WasteCategory.NO_TELEMETRY, dt)
+                mark(WasteCategory.NO_TELEMETRY, a, b, dt)
                 continue
+            if peak > IDLE_MAX_UTIL_PCT:
+                worked.append((a, b))
             ws, we = c["start"][i], c["end"][i]
             if ep := covering("collective-hang", ws, we):
-                add(WasteCategory.HUNG, dt, ep.failure.failure_id)
+                mark(WasteCategory.HUNG, a, b, dt, ep.failure.failure_id)
                 continue
             kind = group_kind.get(ws, "busy")
             ck = covering("checkpoint-stall", ws, we)
             if ck is not None and kind in ("idle", "write"):
-                add(WasteCategory.CHECKPOINT_STALL, dt, ck.failure.failure_id)
+                mark(WasteCategory.CHECKPOINT_STALL, a, b, dt, ck.failure.failure_id)
                 continue
             if peak <= IDLE_MAX_UTIL_PCT:
                 if kind == "idle":
                     ep = covering("idle-allocation", ws, we)
-                    add(WasteCategory.IDLE, dt, ep.failure.failure_id if ep else None)
+                    mark(WasteCategory.IDLE, a, b, dt, ep.failure.failure_id if ep else None)
                 else:
                     ep = covering("partial-idle-allocation", ws, we, g)
-                    add(WasteCategory.PARTIALLY_IDLE, dt, ep.failure.failure_id if ep else None)
+                    mark(WasteCategory.PARTIALLY_IDLE, a, b, dt, ep.failure.failure_id if ep else None)
                 continue
             useful = dt
             ratios = [
@@ -242,19 +299,76 @@ def build(
             ]
             if ratios:
                 r, ep = min(ratios, key=lambda x: x[0])
-                add(WasteCategory.STRAGGLER_WAIT, useful * (1 - r), ep.failure.failure_id)
+                mark(WasteCategory.STRAGGLER_WAIT, a, b, useful * (1 - r), ep.failure.failure_id)
                 useful *= r
             if (ep := covering("input-starvation", ws, we)) and not math.isnan(u):
                 idle_share = max(0.0, min(1.0, 1 - u / 100.0))
-                add(WasteCategory.INPUT_WAIT, useful * idle_share, ep.failure.failure_id)
+                mark(WasteCategory.INPUT_WAIT, a, b, useful * idle_share, ep.failure.failure_id)
                 useful *= 1 - idle_share
             add(WasteCategory.BUSY, useful)
             busy_s += useful
         alloc = lost_from - t0
         add(WasteCategory.NO_TELEMETRY, alloc - covered)
+        for a, b in _gaps(seen, t0, lost_from):
+            marks.append((WasteCategory.NO_TELEMETRY, a, b, b - a, None))
+        stretches += _stretches(g, marks, worked)
         per_gpu.append(gpu_row(g, s, covered, busy_s, t1 - t0))
 
-    return assemble(job, gpus, t0, t1, final, price, secs, attributed, per_gpu, failures)
+    return assemble(job, gpus, t0, t1, final, price, secs, attributed, per_gpu, failures, stretches)
+
+
+def job_gpus(job: JobState, series: dict[tuple[str, int], Series]) -> list[tuple[str, int]]:
+    """The job's GPUs as (node, index): those its Slurm state names, else those its windows name."""
+    gpus = [(n, i) for n in job.nodes or sorted(job.gpus) for i in job.gpus.get(n, [])]
+    return gpus or sorted(series)
+
+
+def loss_gpus(f: Failure, gpus: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The GPUs of ``gpus`` (node, index) a loss failure costs their work: every GPU of the job
+    for a job-scope cost (``affected_gpus`` at least the job's GPUs, or a node-level failure
+    without a cost scope); else the failure's GPU; else the GPUs on its node."""
+    if f.cost.affected_gpus >= len(gpus) or (f.gpu_index is None and f.cost.affected_gpus == 0):
+        return list(gpus)
+    if f.gpu_index is not None:
+        return [(f.node, f.gpu_index)] if (f.node, f.gpu_index) in set(gpus) else []
+    return [g for g in gpus if g[0] == f.node]
+
+
+def _gaps(seen: list[tuple[float, float]], t0: float, t1: float) -> list[tuple[float, float]]:
+    """The parts of ``[t0, t1)`` no span of ``seen`` (ascending starts) covers."""
+    out, at = [], t0
+    for a, b in sorted(seen):
+        if a > at:
+            out.append((at, min(a, t1)))
+        at = max(at, b)
+    if at < t1:
+        out.append((at, t1))
+    return [(a, b) for a, b in out if b > a]
+
+
+def _stretches(
+    g: tuple[str, int],
+    marks: list[tuple[WasteCategory, float, float, float, str | None]],
+    worked: list[tuple[float, float]],
+) -> list[Stretch]:
+    """One GPU's marks merged into stretches: adjacent marks of one category and failure join."""
+    out: list[Stretch] = []
+    last: dict[tuple[WasteCategory, str | None], Stretch] = {}
+    for cat, a, b, dt, fid in sorted(marks, key=lambda m: (m[1], m[2])):
+        prev = last.get((cat, fid))
+        if prev is not None and a <= prev.end + 1e-6:
+            prev.end = max(prev.end, b)
+            prev.seconds += dt
+            continue
+        st = Stretch(cat, g[0], g[1], a, b, dt, fid)
+        last[(cat, fid)] = st
+        out.append(st)
+    first_work = min((a for a, _ in worked), default=math.inf)
+    last_work = max((b for _, b in worked), default=-math.inf)
+    for st in out:
+        st.worked_before = first_work < st.start
+        st.worked_after = last_work > st.end
+    return out
 
 
 def _mean(xs: Sequence[float]) -> float | None:
