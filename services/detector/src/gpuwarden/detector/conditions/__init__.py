@@ -245,7 +245,7 @@ def evaluate_job(
     if isinstance(sig, LowDuty):
         return evaluate_low_duty(sig, windows)
     if isinstance(sig, Hang):
-        return evaluate_hang(sig, windows)
+        return evaluate_hang(sig, windows, history, ctx)
     if isinstance(sig, MemoryGrowth):
         return evaluate_memory_growth(sig, windows, history, ctx)
     if isinstance(sig, LowTensor):

@@ -11,7 +11,7 @@ power: spinning in a collective), ``low-tensor`` (busy GPUs whose tensor pipes i
 from __future__ import annotations
 
 import statistics
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import Field
 
@@ -71,12 +71,36 @@ class LowDuty(FrozenModel):
 
 
 class Hang(FrozenModel):
-    """Every GPU of the job pinned at full utilisation at idle power (spinning in a collective);
-    the rule's ``for_s`` is how long (NCCL's own timeout is 10-30 min)."""
+    """Every GPU of the job pinned at full utilisation at idle power: spinning in a collective that
+    never completes (NCCL's own timeout is 10-30 min).
+
+    A GPU spins when it is at least ``min_utilization_pct`` busy at no more than ``max_power_ratio``
+    of its power limit or ``max_working_power_ratio`` of its own working power (its busiest power
+    earlier in the job). A checkpoint is no hang: rank 0 (or some rank) works alone, below full
+    utilisation, while the others spin, and the stall ends; a hang has *every* GPU spinning.
+
+    The evidence is strong when every GPU of the job (all ``job_gpus`` reported) fell from its
+    own working power to at most ``max_working_power_ratio`` of it and, where the SM clock is
+    reported, holds at least ``min_clock_ratio`` of its own busy clock (from earlier windows, else
+    its maximum clock): SMs at full clock drawing idle power do no work (a throttled or
+    clock-locked GPU draws less with its clock down). With strong evidence the failure opens after
+    the rule's ``for_s``; with the limit alone to go on (no baseline from earlier in the job, a
+    clock that fell, a GPU unreported) the spin must last ``weak_for_s``, counted over the job's
+    recent windows.
+    """
 
     type: Literal["hang"]
     min_utilization_pct: float = Field(95, ge=0, le=100)
     max_power_ratio: float = Field(0.35, gt=0, le=1, description="Power below this share of the limit")
+    max_working_power_ratio: float = Field(
+        0.35, gt=0, le=1, description="Power below this share of the GPU's own working power earlier in the job"
+    )
+    min_clock_ratio: float = Field(
+        0.85, ge=0, le=1, description="Strong evidence: SM clock at least this share of the GPU's own busy clock"
+    )
+    weak_for_s: float = Field(
+        300, ge=0, description="Without strong evidence the spin must last this long (event time), s"
+    )
 
 
 class LowTensor(FrozenModel):
@@ -173,21 +197,108 @@ def evaluate_low_duty(sig: LowDuty, windows: list[JobWindow]) -> list[tuple[str,
     return [(first.node, None, Reading(bad, "mean_gpu_utilization_pct", mean, "%", sig.max_utilization_pct))]
 
 
-def evaluate_hang(sig: Hang, windows: list[JobWindow]) -> list[tuple[str, int | None, Reading]]:
-    """Every GPU at full utilisation at idle power; nothing when a GPU lacks power or limit."""
+_HANG_SIGNAL = "power_ratio_at_full_utilization"
+
+
+class _Spin(NamedTuple):
+    """One GPU's window as the hang signal sees it."""
+
+    spinning: bool  # busy at idle power (against its limit or its own working power)
+    dropped: bool  # busy at no more than ``max_working_power_ratio`` of its own working power
+    limit_ratio: float | None  # power / limit
+    working_ratio: float | None  # power / its working power
+
+
+def _hang_spin(sig: Hang, w: JobWindow, ctx: JobContext) -> _Spin | None:
+    """None when the GPU cannot be judged (no utilisation or power, or neither limit nor working power)."""
+    u, p = window_value(w, "utilization_gpu_pct_mean"), window_value(w, "power_w_mean")
+    lim = window_value(w, "power_limit_w")
+    ref = ctx.working_power_w.get((w.node, w.gpu_index))
+    if u is None or p is None or not (lim or ref):
+        return None
+    busy = u >= sig.min_utilization_pct
+    limit_ratio = p / lim if lim else None
+    working_ratio = p / ref if ref else None
+    dropped = busy and working_ratio is not None and working_ratio <= sig.max_working_power_ratio
+    low = limit_ratio is not None and limit_ratio <= sig.max_power_ratio
+    return _Spin(busy and (low or dropped), dropped, limit_ratio, working_ratio)
+
+
+def _hang_group(sig: Hang, group: list[JobWindow], ctx: JobContext) -> bool:
+    """Every GPU of a window group spinning."""
+    spins = [_hang_spin(sig, w, ctx) for w in group]
+    return bool(spins) and all(s is not None and s.spinning for s in spins)
+
+
+def _busy_clocks(sig: Hang, history: list[list[JobWindow]], ctx: JobContext) -> dict[tuple[str, int], float]:
+    """Per GPU its own busy SM clock: the highest mean clock of an earlier window in which it
+    worked (busy, not spinning against its working power), MHz."""
+    out: dict[tuple[str, int], float] = {}
+    for group in history:
+        for h in group:
+            c, u, p = h.sm_clock_mhz_mean, h.utilization_gpu_pct_mean, h.power_w_mean
+            if c is None or u is None or p is None or u < 50:
+                continue
+            key = (h.node, h.gpu_index)
+            ref = ctx.working_power_w.get(key)
+            if ref and p <= sig.max_working_power_ratio * ref:
+                continue  # it was spinning then
+            out[key] = max(out.get(key, 0.0), c)
+    return out
+
+
+def _hang_streak_s(sig: Hang, windows: list[JobWindow], history: list[list[JobWindow]], ctx: JobContext) -> float:
+    """How long every GPU has been spinning, as the tracker counts it: from the end of the first
+    window of the run that reaches ``windows`` to the end of ``windows``, within the job's recent
+    windows the detector keeps (30: 300 s at the correlator's default 10 s windows)."""
+    end = max(w.window_end for w in windows)
+    first_end = end
+    for group in reversed(history):
+        if not group or not _hang_group(sig, group, ctx):
+            break
+        first_end = max(w.window_end for w in group)
+    return end - first_end
+
+
+def evaluate_hang(
+    sig: Hang, windows: list[JobWindow], history: list[list[JobWindow]], ctx: JobContext
+) -> list[tuple[str, int | None, Reading]]:
+    """Every GPU at full utilisation at idle power; with strong evidence (each fell from its own
+    working power, its SM clock held, every GPU of the job reported) unhealthy at once, else held
+    until every GPU has spun ``weak_for_s``. Nothing when a GPU lacks utilisation or power, or
+    both a limit and a working power."""
     first = _first(windows)
-    pairs = [
-        (u, p / lim)
-        for w in windows
-        if (u := window_value(w, "utilization_gpu_pct_mean")) is not None
-        and (p := window_value(w, "power_w_mean")) is not None
-        and (lim := window_value(w, "power_limit_w"))
-    ]
-    if not pairs or len(pairs) < len(windows):
-        return []  # a GPU without power or limit: the whole job cannot be judged
-    bad = all(u >= sig.min_utilization_pct and r <= sig.max_power_ratio for u, r in pairs)
-    worst = max(r for _, r in pairs)
-    return [(first.node, None, Reading(bad, "power_ratio_at_full_utilization", worst, "ratio", sig.max_power_ratio))]
+    spins = [_hang_spin(sig, w, ctx) for w in windows]
+    judged = [s for s in spins if s is not None]
+    if len(judged) < len(spins):
+        return []  # a GPU that cannot be judged: neither can the job
+    limit_ratio = max((s.limit_ratio for s in judged if s.limit_ratio is not None), default=None)
+    value = limit_ratio if limit_ratio is not None else max(s.working_ratio or 0.0 for s in judged)
+    if not all(s.spinning for s in judged):
+        return [(first.node, None, Reading(False, _HANG_SIGNAL, value, "ratio", sig.max_power_ratio))]
+    complete = first.job_gpus is None or len(windows) >= first.job_gpus
+    if complete and all(s.dropped for s in judged) and _clocks_held(sig, windows, history, ctx):
+        worst = max(s.working_ratio or 0.0 for s in judged)
+        signal = "power_share_of_own_working_power"
+        return [(first.node, None, Reading(True, signal, worst, "ratio", sig.max_working_power_ratio))]
+    hold = _hang_streak_s(sig, windows, history, ctx) < sig.weak_for_s - 1e-3
+    return [(first.node, None, Reading(True, _HANG_SIGNAL, value, "ratio", sig.max_power_ratio, hold))]
+
+
+def _clocks_held(sig: Hang, windows: list[JobWindow], history: list[list[JobWindow]], ctx: JobContext) -> bool:
+    """Every GPU that reports its SM clock at ``min_clock_ratio`` of its own busy clock or more
+    (from the job's earlier windows, else its maximum clock)."""
+    busy: dict[tuple[str, int], float] | None = None
+    for w in windows:
+        c = window_value(w, "sm_clock_mhz_mean")
+        if c is None:
+            continue
+        if busy is None:
+            busy = _busy_clocks(sig, history, ctx)
+        ref = busy.get((w.node, w.gpu_index)) or window_value(w, "max_sm_clock_mhz")
+        if ref and c < sig.min_clock_ratio * ref:
+            return False
+    return True
 
 
 def evaluate_low_tensor(
