@@ -215,8 +215,9 @@ def test_two_kernel_logs_alone_keep_one_node_and_one_bus_id(tmp_path: Path) -> N
 
 @pytest.mark.xfail(
     strict=True,
-    reason="the detector keys XID episodes and repeat history by (node, gpu_index) and needs a job: a "
-    "kernel log alone has neither (needs the detector to fall back to pci_bus_id and the node's job)",
+    reason="episodes and repeat history are now kept by PCI bus id when the index is unknown, but a "
+    "kernel log alone reaches the repeat rule without a job: the run's job (no GPUs) does not cover "
+    "the event when it is evaluated (job attribution of a GPU-less allocation; issue 24 note)",
 )
 def test_two_kernel_logs_alone_find_the_repeat_offender(tmp_path: Path) -> None:
     res = _run(

@@ -167,7 +167,9 @@ def test_job_that_started_after_the_event_does_not_claim_it() -> None:
     ],
 )
 def test_other_thin_path_xids(code: int, pattern: str, action: Action) -> None:
-    [f] = Detector(load_catalog()).on_event(AttributedEvent(event=event(code, 5.0), job=JOB))
+    d = Detector(load_catalog())
+    # XID 94 waits in the pending stage for an XID 48 it may be part of: the stream's end decides
+    [f] = d.on_event(AttributedEvent(event=event(code, 5.0), job=JOB)) + d.flush()
     assert f.pattern == pattern and f.recommended_action is action
 
 
@@ -216,11 +218,13 @@ def test_real_dbe_row_remap_contained_sequence() -> None:
     """fixtures/xid-logs/xid48-63-94-dbe-row-remap-sequence: the DBE (48), its row remap (63) and its
     containment (94) are one root cause: one critical failure with all three as evidence."""
     d = Detector(load_catalog())
-    out = [f for e in lines_to_events("xid48-63-94-dbe-row-remap-sequence") for f in d.on_event(e)]
+    out = [f for e in lines_to_events("xid48-63-94-dbe-row-remap-sequence") for f in d.on_event(e)] + d.flush()
     assert {f.pattern for f in out} == {"uncorrectable-ecc"} and len({f.failure_id for f in out}) == 1
     assert out[0].severity is Severity.CRITICAL
-    [ep] = d.episodes.values()
-    assert {e.value for e in ep.evidence} >= {48, 63, 94} and ep.occurrences >= 3
+    # the row remap (63) and the containment (94) are the DBE's evidence, named as what it explains
+    assert {e.value for e in out[-1].evidence} >= {48, 63, 94}
+    explains = {str(e.value) for e in out[-1].evidence if e.signal == "explains"}
+    assert any("xid-63" in x for x in explains) and any("xid-94" in x for x in explains)
 
 
 def test_sticky_xid_repeats_within_an_hour_are_one_episode() -> None:

@@ -78,7 +78,7 @@ def run(
         jobs = [JOB.model_copy(update={"gpu_index": i}) for i in range(gpus)] if jobbed else []
         sample = NodeSample(node=node, ts=ts, collector_id="t", source="test", gpus=gs)
         out += d.on_sample(AttributedSample(sample=sample, jobs=jobs))
-    return out
+    return out + d.flush()  # the end of a finite stream: the pending stage decides what it holds
 
 
 def patterns(fs: list[Failure]) -> set[str]:
@@ -108,7 +108,7 @@ GPU_CASES = {
 @pytest.mark.parametrize("pattern", sorted(GPU_CASES))
 def test_gpu_condition_fires_after_for_s_and_not_before(pattern: str) -> None:
     mutate, for_s = GPU_CASES[pattern]
-    fired = run(mutate, 10 + for_s + 8)  # + the few seconds a condition waits for an XID explaining it
+    fired = run(mutate, 10 + for_s + 1)
     assert pattern in patterns(fired), patterns(fired)
     f = next(f for f in fired if f.pattern == pattern)
     assert (f.node, f.gpu_index, f.job_id) == ("gpu-node-001", 3, "77")
@@ -264,7 +264,7 @@ def run_windows(
     for k in range(count):
         for w in windows(job_gpus or {"n1": 4, "n2": 4}, T0 + 10 * k, per_gpu, k):
             out += d.on_window(w)
-    return out
+    return out + d.flush()
 
 
 JOB_CASES: dict[str, Callable[[str, int, int], dict[str, Any]]] = {
@@ -430,7 +430,9 @@ def _hang(n: str, g: int, k: int, start: int, end: int) -> dict[str, Any]:
 
 
 def test_a_short_all_gpu_pin_that_recovers_is_no_hang() -> None:
-    fired = patterns(run_windows(lambda n, g, k: _hang(n, g, k, 40, 60), 100))  # 200 s
+    # 120 s: under the 150 s a hang on strong evidence needs (a 200 s pin, the old rule's near miss,
+    # is a hang now: nothing in the telemetry tells it apart before it ends)
+    fired = patterns(run_windows(lambda n, g, k: _hang(n, g, k, 40, 52), 100))
     assert "collective-hang" not in fired and "low-tensor-activity" not in fired
 
 
@@ -464,7 +466,7 @@ def test_a_start_up_phase_is_not_an_idle_allocation() -> None:
 def test_a_contained_memory_error_and_its_row_remap_are_one_failure() -> None:
     d = Detector(load_catalog())
     out: list[Failure] = []
-    for s in range(40):
+    for s in range(60):  # past the 30 s the pending stage holds XID 94 and the row remap
         g = [
             healthy(i, **({"remapped_rows_pending": True, "ecc_dbe_volatile": 1} if i == 3 and s >= 10 else {}))
             for i in range(8)

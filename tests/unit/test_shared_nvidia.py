@@ -172,7 +172,9 @@ def test_catalog_xid_rules_keep_the_tables_classification() -> None:
     from gpuwarden.detector.catalog import load_catalog
 
     table = xid_table()
-    rules = [r for r in load_catalog().rules if r.match.event == "xid"]
+    # a rule with a message filter tells apart what one code means by the driver's text (XID 63:
+    # page retirement before A100, row remapping after): it may classify differently
+    rules = [r for r in load_catalog().rules if r.match.event == "xid" and r.match.message is None]
     assert {c for r in rules for c in r.match.codes} == {79, 48, 94, 95, 119}
     for r in rules:
         (code,) = r.match.codes

@@ -166,6 +166,7 @@ class _Pipe:
 
     def __init__(self, correlator: Correlator, detector: Detector, result: AnalyzeResult) -> None:
         self.correlator, self.detector, self.result = correlator, detector, result
+        self.job: JobState | None = None  # the run's job now (the verdict's view of node-wide failures)
 
     def publish(self, topic: str, value: bytes) -> None:
         c = self.result.counts
@@ -190,7 +191,15 @@ class _Pipe:
             self.result.failures[f.failure_id] = f
             c["failures"] = c.get("failures", 0) + 1
             if self.result.reporter is not None:
-                self.result.reporter.observe(f)
+                self.result.reporter.observe(_for_job(f, self.job))
+
+
+def _for_job(f: Failure, job: JobState | None) -> Failure:
+    """A failure on a node the recording's job holds whole, as the job's (for the verdict only:
+    a kernel-log failure names no GPU index, so the detector gives it no job)."""
+    if f.job_id is not None or job is None or f.node not in job.nodes:
+        return f
+    return f.model_copy(update={"job_id": job.job_id, "user": job.user})
 
 
 def analyze_recording(
@@ -242,6 +251,7 @@ def analyze_recording(
         MemoryAllocationStore(), lambda s: s, retention_s=max(3600.0, end - start + 3600.0), window_s=window_s
     )
     pipe = _Pipe(correlator, detector, result)
+    pipe.job = jobs[0] if jobs else None
     if jobs:
         pipe.publish("slurm.jobs", dumps(jobs[0]))
     current = 0
@@ -252,6 +262,7 @@ def analyze_recording(
         while current + 1 < len(jobs) and ts >= (jobs[current + 1].start_ts or 0.0):
             pipe.publish("slurm.jobs", dumps(_ended(jobs[current], ends[current])))
             current += 1
+            pipe.job = jobs[current]
             pipe.publish("slurm.jobs", dumps(jobs[current]))
 
     ei = 0
@@ -271,7 +282,7 @@ def analyze_recording(
     for f in detector.flush():
         result.failures[f.failure_id] = f
         if result.reporter is not None:
-            result.reporter.observe(f)
+            result.reporter.observe(_for_job(f, pipe.job))
     if jobs:
         pipe.publish("slurm.jobs", dumps(_ended(jobs[current], ends[current])))
     result.failures = with_missing_inputs(result.failures, fields)

@@ -112,9 +112,11 @@ async def _run(
                     await asyncio.sleep(0.5)
                     await p.poll()
                     p.phase = "done"
+                    p.result.stopped_early = True
                     break
                 if await p.finished():
                     p.phase = "scenario finished"
+                    p.result.stopped_early = False
                     break
                 if time.time() > deadline:
                     p.phase = f"[red]not finished after {max_wall_s:.0f} s of wall time[/]"

@@ -297,7 +297,9 @@ class Pipeline:
             for f in sc["found"]
             if self.result.failures[f["failure_id"]].recommended_action.value in ("drain", "reboot", "rma", "reset-gpu")
         ]
-        return all(fid in decided for fid in needs)
+        # and the job verdicts have their windows up to the failures they count (no verdict taken
+        # before the XID it must include)
+        return all(fid in decided for fid in needs) and self.result.verdicts_settled()
 
     async def finished(self) -> bool:
         """The run is over, in virtual time (:mod:`.virtual`): the collector published the

@@ -143,6 +143,12 @@ class Expectation(_Strict):
     gpu: int | None = None
     job: int | str | None = None
     within_s: float = Field(60, gt=0)
+    count: int | None = Field(
+        None,
+        ge=1,
+        description="Exactly this many distinct failures (failure ids) may match: one fault, one finding. "
+        "Further matching failures are false positives (None: any number)",
+    )
 
 
 class Allowance(_Strict):

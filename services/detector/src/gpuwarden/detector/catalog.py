@@ -11,24 +11,26 @@ verdict, evidence and cost model for a few codes and keep the table's pattern an
 
 from __future__ import annotations
 
+import re
 from importlib.resources import files
 from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from gpuwarden.shared.models import PATTERNS, Action, Category, Severity
 from gpuwarden.shared.nvidia import xids
 from gpuwarden.shared.nvidia.xids import XidEntry
 
-from .conditions import ConditionRule, CostModel, RuleBase
+from .conditions import ConditionRule, CostModel, Explain, RuleBase
 
 __all__ = [
     "PATTERNS",
     "Catalog",
     "CatalogError",
     "CostModel",
+    "Explain",
     "Match",
     "Rule",
     "XidEntry",
@@ -55,8 +57,21 @@ class Match(_Strict):
     event: Literal["xid", "sxid", "xid-repeat"]
     codes: list[int] = Field(default_factory=list, description="Empty: any code (sxid only)")
     fatal: bool | None = Field(None, description="sxid: match only Fatal (true) or Non-fatal (false) lines")
+    message: str | None = Field(
+        None,
+        description="Match only events whose message (or raw line) contains this regular expression "
+        "(case-insensitive): one code whose meaning the driver's text tells apart (XID 63/64: page "
+        "retirement before A100, row remapping from A100 on)",
+    )
     jobs: int | None = Field(None, ge=2, description="xid-repeat: distinct jobs needed")
     window_s: float | None = Field(None, gt=0, description="xid-repeat: look-back window, s")
+
+    @field_validator("message")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            re.compile(v)  # re.error is a ValueError: a bad pattern fails at load
+        return v
 
     @model_validator(mode="after")
     def _repeat(self) -> Match:
@@ -78,8 +93,10 @@ STICKY_WINDOW_S = 3600.0
 #: An application fault storm (XID 13/31/43 from one process, often for hours): one episode
 #: while repeats come within this window, not one failure per quiet spell of a few minutes.
 APPLICATION_WINDOW_S = 1800.0
-#: The catalog's memory-error rules that memory repair events and conditions fold into.
+#: The catalog's memory-error rules that explain memory repair events and conditions.
 MEMORY_ERROR_RULES = ("xid-48-double-bit-ecc", "xid-94-contained-memory-error", "xid-95-uncontained-memory-error")
+#: How far (event time, s) a memory repair event may lie from the error it repairs.
+MEMORY_REPAIR_WINDOW_S = 30.0
 
 
 def _table_rule(e: XidEntry | None, code: int) -> Rule:
@@ -109,8 +126,10 @@ def _table_rule(e: XidEntry | None, code: int) -> Rule:
     )
     return Rule(
         id=f"xid-{code}",
-        # a memory repair event (XID 63/64) after the error it repairs is that error's failure
-        fold_into=list(MEMORY_ERROR_RULES) if e.pattern in ("row-remap-pending", "retired-pages") else [],
+        # a memory repair event (XID 63/64) next to the error it repairs is that error's failure
+        explain=Explain(by=list(MEMORY_ERROR_RULES), window_s=MEMORY_REPAIR_WINDOW_S)
+        if e.pattern in ("row-remap-pending", "retired-pages")
+        else None,
         pattern=e.pattern,
         category=category,
         severity=e.severity,
@@ -148,6 +167,7 @@ class Catalog(_Strict):
         default_factory=dict, description="The XID table: every known code (a rule of its own, if any, decides first)"
     )
     _rule_cache: dict[int, Rule] = PrivateAttr(default_factory=dict)
+    _explain_cache: dict[str, Explain] | None = PrivateAttr(None)
 
     @model_validator(mode="after")
     def _unique(self) -> Catalog:
@@ -159,38 +179,85 @@ class Catalog(_Strict):
             if r.id in ids:
                 raise ValueError(f"duplicate rule id {r.id}")
             ids.add(r.id)
-            for c in r.match.codes if r.match.event == "xid" else []:
+            for c in r.match.codes if r.match.event == "xid" and r.match.message is None else []:
                 key = (r.match.event, c)
                 if key in seen:
                     raise ValueError(f"{r.match.event} {c} matched by both {seen[key]} and {r.id}")
                 seen[key] = r.id
         table_ids = {f"xid-{code}" for code in self.xid_table}
-        cond_ids = {c.id for c in self.conditions}
-        for cond in self.conditions:
-            unknown = [x for x in cond.explained_by if x not in cond_ids]
-            if unknown:
-                raise ValueError(f"condition {cond.id}: explained_by names unknown conditions {unknown}")
         rule: RuleBase
         for rule in [*self.conditions, *self.rules]:
-            unknown = [x for x in rule.fold_into if x not in ids and x not in table_ids]
+            ex = rule.explain
+            unknown = [x for x in [*ex.by, *ex.explains] if x not in ids and x not in table_ids] if ex else []
             if unknown:
-                raise ValueError(f"rule {rule.id}: fold_into names unknown event rules {unknown}")
+                raise ValueError(f"rule {rule.id}: explain names unknown rules {unknown}")
+        graph = {rid: set(e.by) for rid, e in self._explanations().items()}
+        for start in graph:  # a cycle would let two findings wait for each other forever
+            todo, visited = list(graph[start]), set()
+            while todo:
+                x = todo.pop()
+                if x == start:
+                    raise ValueError(f"rule {start}: explain forms a cycle (it explains itself through others)")
+                if x not in visited:
+                    visited.add(x)
+                    todo.extend(graph.get(x, ()))
         return self
 
-    def for_event(self, kind: str, code: int | None, fatal: bool | None = None) -> Rule | None:
+    def explanations(self) -> dict[str, Explain]:
+        """Rule id -> its effective ``explain`` block: its own ``by`` plus every rule that names it
+        in ``explains`` (with the wider window and scope of the two), and the XID table's rules
+        (memory repair events explained by the memory error they repair). Rules without one are
+        absent (a candidate of theirs passes the pending stage at once)."""
+        if self._explain_cache is None:
+            self._explain_cache = self._explanations()
+        return self._explain_cache
+
+    def _explanations(self) -> dict[str, Explain]:
+        out: dict[str, Explain] = {}
+        table = [_table_rule(e, code) for code, e in self.xid_table.items()]
+        own = {r.id for r in self.rules}
+        every: list[RuleBase] = [*self.conditions, *self.rules, *(t for t in table if t.id not in own)]
+        for r in every:
+            if r.explain is not None and (r.explain.by or r.explain.aggregate):
+                out[r.id] = r.explain
+        for r in every:
+            ex = r.explain
+            if ex is None:
+                continue
+            for target in ex.explains:
+                cur = out.get(target)
+                if cur is None:
+                    out[target] = Explain(by=[r.id], window_s=ex.window_s, scope=ex.scope)
+                else:
+                    out[target] = cur.model_copy(
+                        update={
+                            "by": [*cur.by, *([r.id] if r.id not in cur.by else [])],
+                            "window_s": max(cur.window_s, ex.window_s),
+                            "scope": "node" if "node" in (cur.scope, ex.scope) else "gpu",
+                        }
+                    )
+        return out
+
+    def for_event(
+        self, kind: str, code: int | None, fatal: bool | None = None, message: str | None = None
+    ) -> Rule | None:
         """The rule for an event kind (``xid``/``sxid``) and code, or None.
 
         An XID without a rule of its own gets one from the XID table; a code missing from
         the table gets an ``xid-other`` rule (never silently ignored). SXID rules may match
-        any code and filter on the Fatal/Non-fatal token (``fatal``).
+        any code and filter on the Fatal/Non-fatal token (``fatal``). A rule with a ``message``
+        pattern matches only events whose ``message`` contains it; rules with a pattern are
+        tried before those without.
         """
         if code is None:
             return None
-        for r in self.rules:
+        for r in sorted(self.rules, key=lambda r: r.match.message is None):
             m = r.match
             if m.event != kind or (m.codes and code not in m.codes):
                 continue
             if m.fatal is not None and m.fatal != bool(fatal):
+                continue
+            if m.message is not None and not (message and re.search(m.message, message, re.IGNORECASE)):
                 continue
             return r
         if kind != "xid":

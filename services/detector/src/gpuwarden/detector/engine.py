@@ -65,18 +65,34 @@ from .conditions import (
     evaluate_job,
     gpu_evaluator,
 )
+from .pending import PendingStage
 from .render import Finding, render
 
 __all__ = ["Detector", "Episode"]
 
 MAX_EVIDENCE = 20
 IDLE_PARTITION_S = 300.0  # event time: a partition this far behind the newest counts as idle
-FOLD_WAIT_S = 5.0  # event time a condition with ``fold_into`` waits for the event that explains it
+#: event time a collector may stamp an event before the samples it publishes with it (one tick
+#: of its kernel-log reader), s
+EVENT_LANE_MARGIN_S = 2.0
 
 
 #: A job's window start is evaluated with the windows it has once the job's newest node is this
 #: many windows past it (a node that stopped reporting must not hold the job's rules forever).
 WINDOW_LAG = 6
+
+
+def _gpu_key(ev: GpuEvent) -> int | str | None:
+    """Which GPU an event's episode and repeat history are kept under: its index, else its PCI bus
+    id (a kernel log alone names GPUs by bus id only: two GPUs of one node stay apart, and the same
+    GPU in two logs is one), else None (node-wide)."""
+    if ev.gpu_index is not None:
+        return ev.gpu_index
+    if ev.pci_bus_id:
+        bus = ev.pci_bus_id.lower()
+        bus = bus.split(":", 1)[1] if bus.count(":") == 2 else bus
+        return bus.removesuffix(".0")
+    return None
 
 
 @dataclass
@@ -123,10 +139,10 @@ class Detector:
         self.price = price_usd_per_gpu_hour
         self.update_interval_s = update_interval_s
         self.retention_s = allocation_retention_s
-        self.episodes: dict[tuple[str, str, int | None], Episode] = {}
+        self.episodes: dict[tuple[str, str, int | str | None], Episode] = {}
         self._gpus: dict[tuple[str, int], _GpuInfo] = {}
         self._allocs: dict[str, dict[str, Allocation]] = {}
-        self._app_xids: dict[tuple[str, int], list[tuple[float, str]]] = {}
+        self._app_xids: dict[tuple[str, int | str], list[tuple[float, str]]] = {}
         self._conditions = {c.id: c for c in catalog.conditions}
         self._by_scope: dict[str, list[ConditionRule]] = {"gpu": [], "node": [], "job": []}
         for c in catalog.conditions:
@@ -158,6 +174,15 @@ class Detector:
         self._job_ctx: dict[str, JobContext] = {}
         self._job_starts: dict[str, float] = {}
         self.window_history = 30
+        #: rule id -> its ``explain`` block: the pending-finding stage's rules (from the catalog)
+        self._explain = catalog.explanations()
+        #: every candidate failure leaves through this stage (:meth:`_release`)
+        self._stage = PendingStage()
+        #: the newest event time of any input (the stage's clock until a sample gives a watermark)
+        self._input_high = 0.0
+        #: how far the event lane has been read in event time (:meth:`event_lane_caught_up`); None:
+        #: not tracked (one ordered stream: the in-process runner, ``analyze``)
+        self._event_mark: float | None = None
 
     # -- inputs ----------------------------------------------------------------------
     def on_sample(self, msg: AttributedSample, partition: int | None = None) -> list[Failure]:
@@ -203,12 +228,12 @@ class Detector:
             if g.nvlinks is not None:
                 self._prev_nvlink[key] = (ts, g)
         out += self._node_conditions(s.node, s.ts, len(s.gpus), partition)
-        return out
+        return self._release(out, ts)
 
     def on_node(self, state: NodeState) -> list[Failure]:
         """Remember Slurm's view of a node (a DOWN node is expected to be silent)."""
         self._node_states[state.node] = state
-        return []
+        return self._release([], state.ts)
 
     def on_health(self, h: HealthCheckResult) -> list[Failure]:
         """A failed prolog/epilog check is a ``health-check-failed`` condition on its node (and GPU)."""
@@ -220,7 +245,7 @@ class Detector:
                 )
                 job = GpuAttribution(gpu_index=h.gpu_index or 0, job_id=h.job_id) if h.job_id else None
                 out += self._cond(rule, h.node, h.gpu_index, h.ts, reading, job, f"health/{h.phase}")
-        return out
+        return self._release(out, h.ts)
 
     def on_window(self, w: JobWindow) -> list[Failure]:
         """Job-scope condition rules over one window start of a job, once it is complete: all
@@ -279,7 +304,7 @@ class Detector:
                     out += self._cond(rule, node, gpu, src.window_end, reading, job, "job.windows")
             history.append(windows)
             del history[: -self.window_history]
-        return out
+        return self._release(out, w.window_end)
 
     def on_job(self, job: JobState) -> list[Failure]:
         """Update the allocation table; re-emit open failures this job now explains."""
@@ -299,7 +324,7 @@ class Detector:
                 ep.job = self._job_at(ep.first.node, ep.first.gpu_index, ep.first.ts)
                 if ep.job is not None:
                     out.append(self._emit(ep))
-        return out
+        return self._release(out, job.ts)
 
     def on_event(self, msg: AttributedEvent) -> list[Failure]:
         """Failures opened or updated by one event (empty if no rule matches or in a quiet burst).
@@ -307,8 +332,11 @@ class Detector:
         A secondary XID that names its cause (``caused_by_xid``) is folded into the cause's
         open failure on the same GPU instead of opening one of its own.
         """
+        return self._release(self._on_event(msg), msg.event.ts)
+
+    def _on_event(self, msg: AttributedEvent) -> list[Failure]:
         ev = msg.event
-        rule = self.catalog.for_event(ev.kind.value, ev.code, ev.fatal)
+        rule = self.catalog.for_event(ev.kind.value, ev.code, ev.fatal, ev.message or ev.raw)
         if rule is None:
             return []
         evidence = Evidence(
@@ -321,12 +349,8 @@ class Detector:
         )
         if ev.caused_by_xid is not None:
             cause = self.catalog.for_event(ev.kind.value, ev.caused_by_xid)
-            ep = self.episodes.get((cause.id, ev.node, ev.gpu_index)) if cause else None
+            ep = self.episodes.get((cause.id, ev.node, _gpu_key(ev))) if cause else None
             if ep is not None and 0 <= ev.ts - ep.last_seen <= ep.rule.burst_window_s:
-                return self._fold(ep, ev, evidence)
-        if rule.fold_into:
-            ep = self._open_episode(rule.fold_into, ev.node, ev.gpu_index, ev.ts)
-            if ep is not None:
                 return self._fold(ep, ev, evidence)
         job = msg.job
         if job is None and ev.gpu_index is not None:
@@ -339,7 +363,7 @@ class Detector:
         return out
 
     def _observe(self, rule: Rule, ev: GpuEvent, job: GpuAttribution | None, evidence: Evidence) -> list[Failure]:
-        key = (rule.id, ev.node, ev.gpu_index)
+        key = (rule.id, ev.node, _gpu_key(ev))
         ep = self.episodes.get(key)
         if ep is not None and ev.ts < ep.first.ts:
             return []  # older than the open episode: a late duplicate of history already reported
@@ -365,15 +389,101 @@ class Detector:
         return []
 
     def flush(self) -> list[Failure]:
-        """The latest version of every episode with updates held back by ``update_interval_s``
-        (the end of a finite stream: a recording, a scenario)."""
-        return [self._emit(ep) for ep in self.episodes.values() if ep.pending]
+        """The end of a finite stream (a recording, a scenario): the latest version of every
+        episode with updates held back by ``update_interval_s``, and every candidate the
+        pending stage still holds, decided now."""
+        out = [self._emit(ep) for ep in self.episodes.values() if ep.pending]
+        return self._stage.release(out, self._stage.clock, self._explain, self, final=True)
+
+    # -- the pending-finding stage (.pending) ------------------------------------------------
+    def _release(self, candidates: list[Failure], ts: float) -> list[Failure]:
+        """Every path out of the engine: candidates through the pending-finding stage, on the
+        event-time watermark (the sample partitions' minimum; before any sample, the newest
+        input time)."""
+        if ts > self._input_high:
+            self._input_high = ts
+        clock = self._watermark if self._part_watermarks else self._input_high
+        if self._event_mark is not None:
+            clock = min(clock, self._event_mark)
+        if not candidates and (not self._stage.held or clock <= self._stage.clock):
+            return candidates  # the hot path: nothing new, nothing due
+        return self._stage.release(candidates, clock, self._explain, self)
+
+    def track_event_lane(self) -> None:
+        """Events reach this detector on a lane of their own (the service): from now on the pending
+        stage's clock is the lower of the sample watermark and the event lane's mark, so a candidate
+        is never decided before the events of its window have been read (at 50x one fetch of
+        samples spans more event time than a window)."""
+        if self._event_mark is None:
+            self._event_mark = 0.0
+
+    def event_lane_caught_up(self, margin_s: float = EVENT_LANE_MARGIN_S) -> list[Failure]:
+        """The event lane has read its topics to their end: every event a collector published
+        with the samples read so far is in, up to the sample watermark less ``margin_s`` (a
+        collector reads the kernel log once per tick, s). Returns what the stage releases now."""
+        mark = self._watermark - margin_s
+        if self._event_mark is None or mark <= self._event_mark:
+            return []
+        self._event_mark = mark
+        return self._release([], 0.0)
+
+    def gpus_in_job(self, node: str, job_id: str | None) -> int:
+        """GPUs of ``job_id`` on ``node`` from Slurm's allocations (the node's GPU count when the
+        job or its GPU list is unknown), >= 1."""
+        for a in self._allocs.get(node, {}).values():
+            if job_id is not None and a.job_id == job_id and a.gpus:
+                return len(a.gpus)
+        return max(1, self._gpu_count_max.get(node, 1))
+
+    def aggregate(self, members: list[Failure], state: FailureState) -> Failure:
+        """One node-level failure for GPU findings of one rule, node and job: ``gpu_index``
+        None, the GPUs named in the verdict and the evidence, cost over all of them, first seen
+        the earliest member's."""
+        first = min(members, key=lambda m: (m.first_seen, m.gpu_index or 0))
+        rule = self._conditions.get(first.rule_id) or next(r for r in self.catalog.rules if r.id == first.rule_id)
+        gpus = sorted({m.gpu_index for m in members if m.gpu_index is not None})
+        evidence = [
+            Evidence(
+                signal="gpus",
+                value=",".join(map(str, gpus)),
+                unit=None,
+                threshold=None,
+                ts=first.first_seen,
+                source=f"{len(gpus)} GPUs of {first.node}",
+            ),
+            *[e for m in members for e in m.evidence[:1]],
+        ][:MAX_EVIDENCE]
+        job = (
+            GpuAttribution(
+                gpu_index=gpus[0] if gpus else 0, job_id=first.job_id, user=first.user, partition=first.partition
+            )
+            if first.job_id
+            else None
+        )
+        last = first.evidence[-1] if first.evidence else None
+        message = f"GPUs {','.join(map(str, gpus))}" + (
+            f": {last.signal}={last.value}{' ' + last.unit if last.unit else ''}" if last else ""
+        )
+        finding = Finding(
+            node=first.node,
+            gpu_index=None,
+            first_seen=first.first_seen,
+            last_seen=max(m.last_seen for m in members),
+            occurrences=sum(m.occurrences for m in members),
+            evidence=evidence,
+            job=job,
+            message=message,
+            state=state,
+            gpus=gpus,
+        )
+        return render(rule, finding, self.price, rule.cost.scope)
 
     def _repeat(self, rule: Rule, ev: GpuEvent, job: GpuAttribution | None, evidence: Evidence) -> list[Failure]:
         """Application XIDs recurring on one GPU under several jobs: the GPU, not the code."""
-        if job is None or ev.gpu_index is None or rule.match.window_s is None or rule.match.jobs is None:
+        gkey = _gpu_key(ev)
+        if job is None or gkey is None or rule.match.window_s is None or rule.match.jobs is None:
             return []
-        hist = self._app_xids.setdefault((ev.node, ev.gpu_index), [])
+        hist = self._app_xids.setdefault((ev.node, gkey), [])
         hist.append((ev.ts, job.job_id))
         window = rule.match.window_s
         hist[:] = [(t, j) for t, j in hist if ev.ts - t <= window]
@@ -481,32 +591,9 @@ class Detector:
         what = tr.step(rule, ts, reading, source)
         if not tr.opened and tr.bad_since is None:
             del self._trackers[key]
-        if rule.fold_into and (tr.opened or what == "resolved") and not tr.emitted:
-            # A condition an event explains (a row remap after XID 94) waits FOLD_WAIT_S for that
-            # event, in either order, and joins its failure as evidence instead of opening one.
-            if what == "resolved" or tr.folded:
-                tr.folded = tr.folded and what != "resolved"
-                return []
-            ep = self._open_episode(rule.fold_into, node, gpu, tr.first_seen)
-            if ep is not None:
-                tr.folded = True
-                ep.evidence = [*ep.evidence, *tr.evidence[:1]][-MAX_EVIDENCE:]
-                return [self._emit(ep)]
-            if ts - tr.first_seen < FOLD_WAIT_S:
-                return []
-            what = "open"
-        if rule.explained_by and (tr.opened or what == "resolved") and not tr.emitted:
-            if what == "resolved":
-                return []  # never reported: nothing to resolve
-            if self._explained(rule.explained_by, node, gpu):
-                return []  # a GPU-level cause is being tracked there: that is the finding
-            what = "open"
-        if what == "resolved":
-            tr.emitted = False
         if what is None or (what == "update" and ts - tr.last_emitted < self.update_interval_s):
             return []
         tr.last_emitted = ts
-        tr.emitted = what != "resolved"
         state = FailureState.RESOLVED if what == "resolved" else FailureState.OPEN
         return [self._render_condition(rule, node, gpu, tr, state, job)]
 
@@ -519,29 +606,6 @@ class Detector:
         tr.interrupt()
         if not tr.opened and tr.bad_since is None:
             del self._trackers[key]
-
-    def _explained(self, rule_ids: list[str], node: str, gpu: int | None) -> bool:
-        """An explaining condition is unhealthy (pending or open) on this GPU, or on any GPU of
-        the node when ``gpu`` is None."""
-        ids = set(rule_ids)
-        return any(
-            rid in ids and n == node and (gpu is None or g == gpu) and (tr.opened or tr.bad_since is not None)
-            for (rid, n, g, _), tr in self._trackers.items()
-        )
-
-    def _open_episode(self, rule_ids: list[str], node: str, gpu: int | None, ts: float) -> Episode | None:
-        """The open episode of one of ``rule_ids`` on this GPU (any GPU of the node when ``gpu`` is
-        None: a node-level finding such as a GPU gone missing) that ``ts`` falls in, if any."""
-        for rid in rule_ids:
-            eps = (
-                [self.episodes.get((rid, node, gpu))]
-                if gpu is not None
-                else [ep for (r, n, _), ep in self.episodes.items() if r == rid and n == node]
-            )
-            for ep in eps:
-                if ep is not None and ep.first.ts - 60.0 <= ts <= ep.last_seen + ep.rule.burst_window_s:
-                    return ep
-        return None
 
     def _render_condition(
         self,
@@ -608,7 +672,17 @@ class Detector:
     # -- state that survives a restart (issue 13) ------------------------------------------
     _SNAPSHOT_VERSION = 1
     _NOT_STATE = frozenset(
-        {"catalog", "_conditions", "_by_scope", "_job_rules", "_gpu_rules", "price", "update_interval_s", "retention_s"}
+        {
+            "catalog",
+            "_conditions",
+            "_by_scope",
+            "_job_rules",
+            "_gpu_rules",
+            "_explain",
+            "price",
+            "update_interval_s",
+            "retention_s",
+        }
     )
 
     def snapshot(self) -> bytes:

@@ -57,6 +57,7 @@ class Finding:
     code: int | None = None
     message: str = ""
     state: FailureState = FailureState.OPEN
+    gpus: list[int] | None = None  # a node-level finding made of these GPUs (the pending stage's aggregate)
 
 
 def render(rule: RuleLike, f: Finding, price_usd_per_gpu_hour: float, scope: str) -> Failure:
@@ -68,6 +69,8 @@ def render(rule: RuleLike, f: Finding, price_usd_per_gpu_hour: float, scope: str
     """
     if f.gpu_index is not None:
         gpu_text = str(f.gpu_index)
+    elif f.gpus:
+        gpu_text = ",".join(map(str, f.gpus))
     elif f.pci_bus_id:
         gpu_text = f"at PCI {f.pci_bus_id}"
     else:
@@ -80,7 +83,7 @@ def render(rule: RuleLike, f: Finding, price_usd_per_gpu_hour: float, scope: str
         cannot.insert(0, "which GPU index the PCI bus id maps to (no sample from this node yet)")
     if job is None and f.gpu_index is not None:
         cannot.append(NO_JOB)
-    gpus = job.job_gpus if scope == "job" and job is not None and job.job_gpus else 1
+    gpus = job.job_gpus if scope == "job" and job is not None and job.job_gpus else len(f.gpus or [0])
     return Failure(
         failure_id=stable_id(rule.id, f.node, f.gpu_index, f.first_seen),
         pattern=rule.pattern,

@@ -81,9 +81,11 @@ class DetectorService(Service):
         # Two lanes (.lanes): events and Slurm state never wait behind a sample backlog.
         # the sample lane batches its fetches (up to 100 ms): XIDs are in the event lane
         self.durable.attach(self.consume(list(SAMPLE_LANE), self.handle, fetch_min_bytes=256 * 1024))
-        self.durable.attach(
-            self.consume(list(EVENT_LANE), self.handle, group=event_lane_group(self.settings, self.name))
-        )
+        events = self.consume(list(EVENT_LANE), self.handle, group=event_lane_group(self.settings, self.name))
+        self.durable.attach(events)
+        # the pending stage decides a candidate only once the event lane has read past its window
+        self.detector.track_event_lane()
+        events.on_caught_up = self._events_caught_up
 
     async def handle(self, topic: str, value: Any, _record: Any = None) -> None:
         """Apply the engine to one decoded message and publish what it yields.
@@ -117,6 +119,10 @@ class DetectorService(Service):
             await self.emit(f)
         if isinstance(value, JobWindow) and (due := self.reports.due(value.job_id, self._report_interval_s)):
             await self.publish_report(due)
+
+    async def _events_caught_up(self) -> None:
+        for f in self.detector.event_lane_caught_up():
+            await self.emit(f)
 
     async def emit(self, failure: Failure) -> None:
         await self.publish("failures", failure.node, failure)

@@ -86,6 +86,11 @@ class Consumer:
         """Called with the offsets about to be committed, after the outputs are confirmed; makes
         the caller's state durable and returns the offsets that state covers (at most those
         given: a record it still holds keeps its partition's commit below it)."""
+        self.on_caught_up: Callable[[], Awaitable[None]] | None = None
+        """Called whenever this consumer has read every assigned partition to its end (a fetch that
+        came back empty, or positions at the highwater after a batch): all that was written to its
+        topics before now has been handled. A lane's event-time progress for a join with another
+        lane (the detector's pending stage waits on it)."""
         self._listener = listener
         self._commit_interval_s = commit_interval_s
         self._fetch_min_bytes = fetch_min_bytes
@@ -223,6 +228,8 @@ class Consumer:
             if c.assignment():
                 self.assigned.set()
             if not batches:
+                if self.on_caught_up is not None and c.assignment():
+                    await self.on_caught_up()
                 if self._handled and self.checkpoint is not None:
                     # records held by the caller are released without new input: commit them too
                     try:
@@ -271,15 +278,21 @@ class Consumer:
                 await asyncio.sleep(self._retry_s)
                 continue
             lag = c.highwater  # per partition highwater: cheap lag estimate from fetch responses
+            at_end = True
             for tp in batches:
                 if tp not in c.assignment():
                     continue  # revoked by a rebalance mid-batch: aiokafka has no highwater for it
                 hw = lag(tp)
                 if hw is not None:
                     pos = await c.position(tp)
+                    at_end = at_end and pos >= hw
                     self._metrics.consumer_lag.labels(self._short.get(tp.topic, tp.topic), str(tp.partition)).set(
                         max(0, hw - pos)
                     )
+                else:
+                    at_end = False
+            if at_end and self.on_caught_up is not None:
+                await self.on_caught_up()
 
     def _hand_back(self, c: AIOKafkaConsumer, tp: TopicPartition, offset: int, n: int) -> None:
         self.handed_back += n

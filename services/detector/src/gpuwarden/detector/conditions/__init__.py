@@ -28,7 +28,7 @@ they share and :mod:`.tracker` the open/resolve state machine.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
@@ -75,6 +75,7 @@ __all__ = [
     "ConditionRule",
     "CostModel",
     "CounterRate",
+    "Explain",
     "Flag",
     "GpuCountDrop",
     "Hang",
@@ -167,6 +168,28 @@ def check_template(v: str) -> str:
     return v
 
 
+class Explain(FrozenModel):
+    """A rule's ``explain:`` block: how its findings pass the pending-finding stage
+    (:mod:`gpuwarden.detector.pending`).
+
+    ``by``: rules (ids) whose finding explains this one: a candidate of this rule is held until the
+    watermark passes its ``first_seen`` + ``window_s``; if a finding of one of ``by`` lies within
+    ``window_s`` of it (before or after) in the ``scope`` (``gpu``: the same GPU; ``node``: any GPU of
+    the node), the candidate joins that failure as evidence instead of opening one of its own.
+    ``explains``: the reverse, written on the cause (rule ids whose findings this rule explains, with
+    this block's window and scope). ``aggregate: node``: when at least ``share`` of a node's GPUs in
+    the same job have this finding within the window, they are one node-level failure (the GPUs as
+    evidence).
+    """
+
+    by: list[str] = Field(default_factory=list, description="Rule ids whose finding explains this one")
+    explains: list[str] = Field(default_factory=list, description="Rule ids whose findings this rule explains")
+    window_s: float = Field(60.0, gt=0, le=3600, description="Explanation window, event time, s")
+    scope: Literal["gpu", "node"] = "gpu"
+    aggregate: Literal["node"] | None = Field(None, description="Most GPUs of a node: one node-level finding")
+    share: float = Field(0.5, gt=0, le=1, description="aggregate: share of the node's GPUs in the job, at least")
+
+
 class RuleBase(FrozenModel):
     """What every catalog rule has: identity, the canonical pattern, severity, the
     recommended action, the cost scope, a verdict template and what the data cannot tell."""
@@ -180,10 +203,9 @@ class RuleBase(FrozenModel):
     verdict: str
     cannot_determine: list[str] = Field(default_factory=list)
     source: str | None = None
-    fold_into: list[str] = Field(
-        default_factory=list,
-        description="Event rules (ids) whose open episode on the same GPU this finding belongs to: it is "
-        "added there as evidence instead of opening a failure of its own (one root cause, one failure)",
+    explain: Explain | None = Field(
+        None,
+        description="What explains this finding and what it explains (the detector's pending-finding stage)",
     )
 
     @field_validator("action")
@@ -205,11 +227,6 @@ class ConditionRule(RuleBase):
     signal: Signal
     for_s: float = Field(30, ge=0, description="Unhealthy this long (event time) before the failure opens, s")
     resolve_after_s: float = Field(60, ge=0, description="Healthy this long before it resolves, s")
-    explained_by: list[str] = Field(
-        default_factory=list,
-        description="Condition rules (ids) that explain this one on the same GPU (or node): while one of "
-        "them is unhealthy there, this one stays quiet (a thermally throttled GPU is slow: one finding)",
-    )
 
     @property
     def scope(self) -> str:

@@ -27,8 +27,6 @@ class Tracker:
     occurrences: int = 0
     evidence: list[Evidence] = field(default_factory=list)
     last_emitted: float = 0.0
-    folded: bool = False  # joined an event's failure (``fold_into``)
-    emitted: bool = False  # an open failure was published for the current episode
 
     def step(self, rule: ConditionRule, ts: float, reading: Reading, source: str) -> str | None:
         """Feed one reading; returns ``"open"``, ``"update"``, ``"resolved"`` or None."""

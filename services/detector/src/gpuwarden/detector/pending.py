@@ -1,0 +1,343 @@
+"""The pending-finding stage: the one way out of the detection engine.
+
+Every candidate :class:`~gpuwarden.shared.models.Failure` the rules produce — an XID episode
+opening or updating, a condition opening, updating or resolving, a job-window rule — passes
+:meth:`PendingStage.release`. A candidate of a rule with an ``explain:`` block in ``catalog.yaml``
+(:class:`~gpuwarden.detector.conditions.Explain`) is held until the event-time watermark has
+passed its ``first_seen + window_s``; then, in deadline order, it is
+
+* **merged** into one node-level failure with the other GPUs of the same node and job that have
+  the same finding (``aggregate: node``, at least ``share`` of the job's GPUs on the node);
+* **folded** into the failure that explains it (a finding of one of ``by`` within ``window_s`` in
+  the ``scope``): its evidence joins that failure, which is re-emitted (same ``failure_id``), and
+  nothing of its own is ever published; or
+* **emitted** as a failure of its own (with its resolution, if it resolved while held).
+
+A candidate of a rule without an ``explain:`` block passes at once. Folding follows chains (a
+row remap explained by an XID 94 that an XID 48 explains joins the XID 48's failure). What holds
+whatever the order and speed of the inputs: a ``resolved`` is published only for a
+``failure_id`` whose ``open`` was published before; nothing is published for a folded
+candidate; the evidence of a folded candidate rides on every later version of its cause.
+
+The watermark is the caller's (:class:`~gpuwarden.detector.engine.Detector`: the minimum
+over the sample partitions of ``gpu.attributed``; before any sample, the newest event time). No
+I/O, no wall clock: the stage is part of the detector's state (snapshot/restore).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gpuwarden.shared.models import Evidence, Failure, FailureState
+
+from .conditions import Explain
+
+__all__ = ["MAX_EVIDENCE", "PendingStage", "StageContext"]
+
+MAX_EVIDENCE = 20
+#: event time after its last version that a failure stays known to the stage, s (a cause for a
+#: late candidate, the "open" a late "resolved" needs)
+HORIZON_S = 7 * 86400.0
+#: how often (event time, s) the stage forgets failures older than :data:`HORIZON_S`
+PRUNE_EVERY_S = 600.0
+
+
+class StageContext(Protocol):
+    """What the stage needs of the engine: GPU counts and a node-level rendering."""
+
+    def gpus_in_job(self, node: str, job_id: str | None) -> int:
+        """GPUs of ``job_id`` on ``node`` (the node's GPU count when unknown), >= 1."""
+        ...
+
+    def aggregate(self, members: list[Failure], state: FailureState) -> Failure:
+        """One node-level failure for ``members`` (one rule, one node, one job; several GPUs)."""
+        ...
+
+
+@dataclass
+class _Held:
+    deadline: float
+    latest_open: Failure
+    resolved: Failure | None = None
+
+
+@dataclass
+class _Group:
+    """A node-level failure built from GPU findings (``aggregate: node``)."""
+
+    members: dict[str, Failure] = field(default_factory=dict)  # member failure id -> latest version
+    failure: Failure | None = None  # the node-level failure last published
+    last_emitted: float = 0.0
+
+
+def _pci(f: Failure) -> str | None:
+    if not f.pci_bus_id:
+        return None
+    bus = f.pci_bus_id.lower()
+    return bus.split(":", 1)[1] if bus.count(":") == 2 else bus  # 00000000:9b:00.0 -> 9b:00.0
+
+
+def _same_gpu(a: Failure, b: Failure) -> bool:
+    """Whether two findings of one node may be about the same GPU: the same index, else the same
+    PCI bus id; a node-wide finding (no index, no bus id) covers every GPU of the node; an index
+    against a bus id only cannot be told apart (counted as the same: same node, same seconds)."""
+    if a.gpu_index is not None and b.gpu_index is not None:
+        return a.gpu_index == b.gpu_index
+    pa, pb = _pci(a), _pci(b)
+    if pa and pb:
+        return pa.removesuffix(".0") == pb.removesuffix(".0")
+    return True
+
+
+class PendingStage:
+    """Holds, folds, merges and emits candidate failures (see the module docstring).
+
+    State only (the catalog's ``explain`` blocks and the engine are passed to each call), so it
+    pickles with the detector's snapshot.
+    """
+
+    def __init__(self) -> None:
+        self.held: dict[str, _Held] = {}
+        self.latest: dict[str, Failure] = {}  # newest version of every candidate (held, out or folded)
+        self.by_node: dict[str, set[str]] = {}
+        self.published: dict[str, float] = {}  # ids whose "open" went out -> last_seen
+        self.folded: dict[str, str] = {}  # candidate id -> the failure it joined
+        self.extra: dict[str, list[Evidence]] = {}  # evidence folded into a failure
+        self.member_of: dict[str, str] = {}  # GPU finding id -> its node-level failure id
+        self.groups: dict[str, _Group] = {}
+        self.clock = 0.0
+        self._pruned_at = 0.0
+
+    # -- the one way out -------------------------------------------------------------------
+    def release(
+        self,
+        candidates: list[Failure],
+        clock: float,
+        explain: dict[str, Explain],
+        ctx: StageContext,
+        *,
+        final: bool = False,
+    ) -> list[Failure]:
+        """What may be published now of ``candidates`` and of the candidates held before.
+
+        Args:
+            candidates: the rules' new candidate failures, in the order produced.
+            clock: the event-time watermark, epoch s (never moves back).
+            explain: rule id -> its ``explain`` block (:meth:`Catalog.explanations`).
+            ctx: the engine (GPU counts, node-level rendering).
+            final: decide every held candidate now (the end of a finite stream).
+
+        Returns:
+            the failures to publish, in order.
+        """
+        self.clock = max(self.clock, clock)
+        out: list[Failure] = []
+        for f in candidates:  # known first: a cause produced in the same step explains at once
+            self.latest[f.failure_id] = f
+            self.by_node.setdefault(f.node, set()).add(f.failure_id)
+        for f in candidates:
+            fid = f.failure_id
+            if fid in self.member_of:
+                out += self._group_update(self.member_of[fid], f, ctx)
+            elif fid in self.folded:
+                continue  # explained: its evidence is already on the cause
+            elif fid in self.held:
+                h = self.held[fid]
+                if f.state is FailureState.RESOLVED:
+                    h.resolved = f
+                else:
+                    h.latest_open, h.resolved = f, None
+            elif fid in self.published:
+                out.append(self._out(f))
+            elif f.state is FailureState.RESOLVED:
+                continue  # never published: nothing to resolve
+            elif f.rule_id in explain:
+                self.held[fid] = _Held(f.first_seen + explain[f.rule_id].window_s, f)
+            else:
+                out.append(self._out(f))
+        due = sorted((h.deadline, fid) for fid, h in self.held.items() if final or h.deadline <= self.clock)
+        for _, fid in due:
+            if fid in self.held:  # a group decided earlier in this loop may have taken it
+                out += self._decide(fid, explain, ctx)
+        if self.clock - self._pruned_at >= PRUNE_EVERY_S:
+            self._prune()
+        return out
+
+    # -- deciding a held candidate -----------------------------------------------------------
+    def _decide(self, fid: str, explain: dict[str, Explain], ctx: StageContext) -> list[Failure]:
+        h = self.held[fid]
+        f = h.latest_open
+        ex = explain[f.rule_id]
+        if ex.aggregate == "node":
+            grouped = self._aggregate(fid, ex, ctx)
+            if grouped is not None:
+                return grouped
+        cause = self._cause(f, ex) if ex.by else None
+        del self.held[fid]
+        if cause is not None:
+            return self._fold(fid, cause)
+        out = [self._out(f)]
+        if h.resolved is not None:
+            out.append(self._out(h.resolved))
+        return out
+
+    def _cause(self, f: Failure, ex: Explain) -> str | None:
+        """The root failure id explaining ``f``, if any (the earliest such finding)."""
+        by = set(ex.by)
+        w = ex.window_s
+        best: Failure | None = None
+        for cid in self.by_node.get(f.node, ()):
+            c = self.latest.get(cid)
+            if c is None or cid == f.failure_id or c.rule_id not in by:
+                continue
+            if ex.scope == "gpu" and not _same_gpu(f, c):
+                continue
+            if not (c.first_seen - w <= f.first_seen <= c.last_seen + w):
+                continue
+            if best is None or (c.first_seen, c.failure_id) < (best.first_seen, best.failure_id):
+                best = c
+        return self._root(best.failure_id) if best is not None else None
+
+    def _root(self, fid: str) -> str:
+        seen = set()
+        while True:
+            nxt = self.folded.get(fid) or self.member_of.get(fid)
+            if nxt is None or nxt in seen:
+                return fid
+            seen.add(fid)
+            fid = nxt
+
+    def _fold(self, fid: str, root: str) -> list[Failure]:
+        """``fid`` joins ``root``: its evidence (and whatever was folded into it) rides on root."""
+        f = self.latest[fid]
+        self.folded[fid] = root
+        note = Evidence(
+            signal="explains",
+            value=f"{f.pattern} ({f.rule_id})" + (f" GPU {f.gpu_index}" if f.gpu_index is not None else ""),
+            unit=None,
+            threshold=None,
+            ts=f.first_seen,
+            source=f.failure_id,
+        )
+        extra = self.extra.setdefault(root, [])
+        extra += [note, *f.evidence[:2], *self.extra.pop(fid, [])]
+        del extra[: -MAX_EVIDENCE // 2]
+        if root in self.held:
+            return []  # the cause is held too: it goes out with this evidence when decided
+        if root in self.groups:
+            grp = self.groups[root]
+            return [self._out(grp.failure)] if grp.failure is not None else []
+        cause = self.latest.get(root)
+        return [self._out(cause)] if cause is not None and root in self.published else []
+
+    # -- node-level aggregation ---------------------------------------------------------------
+    def _aggregate(self, fid: str, ex: Explain, ctx: StageContext) -> list[Failure] | None:
+        f = self.held[fid].latest_open
+        w = ex.window_s
+        for gid, grp in self.groups.items():  # an open group of this rule, node and job: join it
+            g = grp.failure
+            if (
+                g is not None
+                and g.rule_id == f.rule_id
+                and g.node == f.node
+                and g.job_id == f.job_id
+                and g.state is FailureState.OPEN
+                and g.first_seen - w <= f.first_seen <= g.last_seen + w
+            ):
+                del self.held[fid]
+                return self._join(gid, [fid], ctx)
+        peers = [
+            pid
+            for pid, h in self.held.items()
+            if (c := h.latest_open).rule_id == f.rule_id
+            and c.node == f.node
+            and c.job_id == f.job_id
+            and c.gpu_index is not None
+            and abs(c.first_seen - f.first_seen) <= w
+        ]
+        gpus = {self.held[p].latest_open.gpu_index for p in peers}
+        need = max(2, math.ceil(ex.share * max(1, ctx.gpus_in_job(f.node, f.job_id))))
+        if len(gpus) < need:
+            return None
+        members = [self.held[p].latest_open for p in peers]
+        resolved = {p: self.held[p].resolved for p in peers}
+        for p in peers:
+            del self.held[p]
+        node_f = ctx.aggregate(members, FailureState.OPEN)
+        gid = node_f.failure_id
+        grp = self.groups[gid] = _Group()
+        for m in members:
+            grp.members[m.failure_id] = resolved[m.failure_id] or m
+            self.member_of[m.failure_id] = gid
+        self.latest[gid] = node_f
+        self.by_node.setdefault(node_f.node, set()).add(gid)
+        return self._group_emit(gid, ctx, force=True)
+
+    def _join(self, gid: str, fids: list[str], ctx: StageContext) -> list[Failure]:
+        grp = self.groups[gid]
+        for m in fids:
+            grp.members[m] = self.latest[m]
+            self.member_of[m] = gid
+        return self._group_emit(gid, ctx, force=True)
+
+    def _group_update(self, gid: str, f: Failure, ctx: StageContext) -> list[Failure]:
+        grp = self.groups.get(gid)
+        if grp is None:
+            return []
+        grp.members[f.failure_id] = f
+        return self._group_emit(gid, ctx, force=f.state is FailureState.RESOLVED)
+
+    def _group_emit(self, gid: str, ctx: StageContext, force: bool) -> list[Failure]:
+        grp = self.groups[gid]
+        members = sorted(grp.members.values(), key=lambda m: m.gpu_index if m.gpu_index is not None else -1)
+        done = all(m.state is FailureState.RESOLVED for m in members)
+        if grp.failure is not None and grp.failure.state is FailureState.RESOLVED:
+            return []  # the node-level failure ended; late member versions change nothing
+        state = FailureState.RESOLVED if done else FailureState.OPEN
+        newest = max(m.last_seen for m in members)
+        if not force and not done and newest - grp.last_emitted < 30.0:
+            return []
+        node_f = ctx.aggregate(members, state)
+        if node_f.failure_id != gid:
+            node_f = node_f.model_copy(update={"failure_id": gid})
+        grp.failure, grp.last_emitted = node_f, newest
+        self.latest[gid] = node_f
+        return [self._out(node_f)]
+
+    # -- publishing ------------------------------------------------------------------------
+    def _out(self, f: Failure) -> Failure:
+        """``f`` as published: with the evidence folded into it; remembered as opened."""
+        extra = self.extra.get(f.failure_id)
+        if extra:
+            have = {(e.signal, e.ts, str(e.value)) for e in f.evidence}
+            add = [e for e in extra if (e.signal, e.ts, str(e.value)) not in have]
+            keep = max(0, MAX_EVIDENCE - len(add))
+            f = f.model_copy(update={"evidence": [*f.evidence[:keep], *add]})
+        self.latest[f.failure_id] = f
+        self.published[f.failure_id] = f.last_seen
+        return f
+
+    def open_ids(self) -> set[str]:
+        """Ids of the failures published open and not (yet) published resolved."""
+        return {
+            fid for fid in self.published if (f := self.latest.get(fid)) is not None and f.state is FailureState.OPEN
+        }
+
+    def _prune(self) -> None:
+        self._pruned_at = self.clock
+        cut = self.clock - HORIZON_S
+        old = [fid for fid, f in self.latest.items() if f.last_seen < cut and fid not in self.held]
+        for fid in old:
+            f = self.latest.pop(fid)
+            self.published.pop(fid, None)
+            self.folded.pop(fid, None)
+            self.extra.pop(fid, None)
+            self.member_of.pop(fid, None)
+            self.groups.pop(fid, None)
+            ids = self.by_node.get(f.node)
+            if ids is not None:
+                ids.discard(fid)
+                if not ids:
+                    del self.by_node[f.node]
