@@ -168,3 +168,55 @@ async def test_console_shows_failure_verdict_and_drain_live(tmp_path: Path, monk
         if ui is not None:
             await ui.stop()
         await p.stop()
+
+
+#: Text an attacker (or a careless admin's drain reason) could put into a failure record: HTML that
+#: would run, a right-to-left override that disguises a name, a newline that forges a line.
+HOSTILE_TEXT = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>gpu-\u202e100-edon\nINFO forged'
+
+
+async def test_hostile_text_renders_escaped_in_a_real_browser(tmp_path: Path, bus_env: dict[str, str]) -> None:
+    """Issue 25: a failure whose node and verdict carry HTML, a bidi override and a newline shows
+    them as visible, inert text in headless Chromium: no element is created, no script runs, the
+    override and the newline are printed as escapes."""
+    from aiokafka import AIOKafkaProducer
+
+    from factories import make_failure
+
+    exe = chromium()
+    f = make_failure(failure_id="hostile-1", node="gpu-node-0\u202e10", verdict=f"XID 79: {HOSTILE_TEXT}")
+    prod = AIOKafkaProducer(bootstrap_servers=bus_env["GPUWARDEN_BOOTSTRAP_SERVERS"])
+    await prod.start()
+    try:
+        await prod.send_and_wait(f"{bus_env['GPUWARDEN_TOPIC_PREFIX']}failures", f.to_json(), key=b"gpu-node-010")
+    finally:
+        await prod.stop()
+    ui = ConsoleService(ConsoleSettings(http_port=0, console_token="s3cret-console-token"))
+    browser: subprocess.Popen[bytes] | None = None
+    await ui.start()
+    try:
+        browser, port = await start_chromium(exe, tmp_path / "profile")
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{port}/json") as r:
+                page = next(t for t in await r.json() if t["type"] == "page")
+            async with http.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=64 << 20) as ws:
+                cdp = DevTools(ws)
+                await cdp.call("Page.enable")
+                await cdp.call("Page.navigate", url=f"http://127.0.0.1:{ui.http.port}/?token=s3cret-console-token")
+                text = ""
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline and "onerror" not in text:
+                    await asyncio.sleep(0.5)
+                    text = await cdp.eval("document.body ? document.body.innerText : ''") or ""
+                assert "<img src=x onerror=" in text and "<script>" in text, text[-2000:]  # shown as text
+                assert "\u202e" not in text and "\\u202e" in text  # the override is visible, not applied
+                assert "\\x0aINFO forged" in text  # the newline is an escape: no second line
+                assert await cdp.eval("window.__pwned === undefined") is True
+                assert await cdp.eval("document.querySelectorAll('img[src=\"x\"], body script').length") == 0
+    finally:
+        if browser is not None:
+            browser.kill()
+            browser.wait(10)
+            if browser.stderr is not None:
+                browser.stderr.close()
+        await ui.stop()

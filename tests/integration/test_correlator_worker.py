@@ -14,6 +14,7 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
@@ -116,6 +117,9 @@ async def test_worker_attributes_samples_and_events_and_dead_letters(
             (t("slurm.jobs"), b"1002", b"this is not json"),
             (t("gpu.samples"), NODE.encode(), b'{"schema_version": 1, "node": "gpu-node-001"}'),
             (t("gpu.events"), NODE.encode(), b"\xff\xfe not json either"),
+            # schema-shaped but hostile (issue 25): stopped at the edge, dead-lettered by the correlator
+            *[(t("gpu.samples"), NODE.encode(), v) for v in _hostile_samples(now)],
+            (t("gpu.events"), NODE.encode(), _poisoned_xid()),
         ],
     )
     # What slurm-watcher says after the poll that published the job: the view is complete up
@@ -182,7 +186,7 @@ async def test_worker_attributes_samples_and_events_and_dead_letters(
                 )
                 await _produce(kafka_bootstrap, [(t("gpu.events"), NODE.encode(), ev.to_json())])
                 event_sent = True
-            if event_sent and events and len(dead) >= 2:
+            if event_sent and events and len(dead) >= 2 + HOSTILE:
                 break
     finally:
         await consumer.stop()
@@ -200,12 +204,19 @@ async def test_worker_attributes_samples_and_events_and_dead_letters(
 
     # slurm.jobs is read whole by every correlator worker: its bad records are dead-lettered
     # once, by the detector's consumer of it, not by each worker
-    assert len(dead) == 2
+    assert len(dead) == 2 + HOSTILE
     assert {d.source_topic for d in dead} == {t("gpu.samples"), t("gpu.events")}
     assert all(d.service == "correlator" for d in dead)
-    by_topic = {d.source_topic: d for d in dead}
-    assert base64.b64decode(by_topic[t("gpu.events")].value_b64) == b"\xff\xfe not json either"
-    assert "node" not in by_topic[t("gpu.samples")].error or "ts" in by_topic[t("gpu.samples")].error
+    # the ts=1e308 sample and its peers changed nothing downstream: every attributed sample is
+    # one of the ticks, and the ticks after them were joined as before
+    assert all(now <= s.sample.ts <= now + tick for s in samples), sorted({s.sample.ts for s in samples})[-3:]
+    assert all(s.sample.node == NODE for s in samples)
+    errors = " | ".join(d.error for d in dead)
+    assert "ts: Input should be less than or equal to 4102444800" in errors and "contract event-time" in errors
+    events_dead = [base64.b64decode(d.value_b64) for d in dead if d.source_topic == t("gpu.events")]
+    assert events_dead[0] == b"\xff\xfe not json either" and b"e-poison" in events_dead[1]
+    first_sample = next(d for d in dead if d.source_topic == t("gpu.samples"))
+    assert "node" not in first_sample.error or "ts" in first_sample.error
 
     assert proc.poll() is None, "the worker died"
     health = await asyncio.to_thread(_healthz, port)
@@ -218,3 +229,31 @@ async def test_worker_attributes_samples_and_events_and_dead_letters(
     # No orphans: nothing is left in the worker's process group.
     with pytest.raises(ProcessLookupError):
         os.killpg(proc.pid, 0)
+
+
+#: Hostile records of the worker test: schema-shaped, outside the contract.
+HOSTILE = 5
+
+
+def _hostile_samples(now: float) -> list[bytes]:
+    good = orjson.loads(_sample(now).to_json())
+    return [
+        orjson.dumps({**good, "ts": 1e308}),  # finite, past the schema's MAX_EVENT_TS
+        orjson.dumps({**good, "ts": now + 86400}),  # in the schema; a day ahead of the wall clock
+        orjson.dumps({**good, "node": "gpu-node-001$(id)"}),  # not a Slurm node name
+        orjson.dumps({**good, "gpus": [{**good["gpus"][0], "index": i} for i in range(65)]}),  # > 64 GPUs
+    ]
+
+
+def _poisoned_xid() -> bytes:
+    ev = GpuEvent(
+        event_id="e-poison",
+        node=NODE,
+        ts=1.0,
+        kind=EventKind.XID,
+        code=79,
+        message="GPU has fallen off the bus.",
+        raw="NVRM: Xid (PCI:0000:44:00): 79, ...",
+        source="simulated",
+    )
+    return orjson.dumps({**orjson.loads(ev.to_json()), "ts": 1e308})

@@ -10,7 +10,7 @@ import yaml
 
 from gpuwarden.shared.scenario import load_scenario
 from gpuwarden.shared.settings import BusSettings
-from gpuwarden.sim.bench.chaos import ChaosFigures, chaos_line, chaos_scenario, crash_lines
+from gpuwarden.sim.bench.chaos import ChaosFigures, chaos_failed, chaos_line, chaos_scenario, crash_lines
 from gpuwarden.sim.kafka_cluster import new_cluster_id
 
 
@@ -62,3 +62,16 @@ def test_crash_lines_find_task_and_faust_agent_crashes_only() -> None:
         ]
     )
     assert [ln[-10:] for ln in crash_lines(log)] == ["reason=X()", ":x crashed"]
+
+
+def test_every_count_and_the_breaker_set_the_exit_code() -> None:
+    """Issue 25: one drain too many fails the bench (it was only a note), as does any count."""
+    ok = ChaosFigures(injected=5, found=5, fuzzed=50, dead_lettered=50)
+    assert chaos_failed(ok) == []
+    assert chaos_failed(ChaosFigures(injected=5, found=5, fuzzed=50, dead_lettered=50, over_breaker=1)) == [
+        "1 drains beyond the circuit breaker"
+    ]
+    for bad in ({"lost": 1}, {"found": 4}, {"duplicate_failures": 1}, {"duplicate_drains": 1},
+                {"foreign_overwritten": 1}, {"dead_lettered": 49}, {"crashes": 1}):  # fmt: skip
+        f = ChaosFigures(**{"injected": 5, "found": 5, "fuzzed": 50, "dead_lettered": 50, **bad})
+        assert len(chaos_failed(f)) == 1, bad

@@ -105,3 +105,48 @@ async def test_service_tick_buffers_when_broker_down() -> None:
     p.down = False
     await svc.tick()
     assert len(p.sent) == 2 and not svc.outbox.queue
+
+
+async def test_a_producer_that_blocks_never_blocks_the_tick() -> None:
+    """Issue 25: with the broker down, aiokafka's ``send`` waits for room in a full batch; the
+    outbox gives up on it after ``send_timeout_s``, queues the message (bounded, counted) and is
+    degraded, so the collector keeps sampling at its interval."""
+    import asyncio
+    import time
+
+    blocked = asyncio.Event()
+
+    async def send(_topic: str, _key: str | None, _value: BaseModel) -> None:
+        blocked.set()
+        await asyncio.sleep(3600)  # a full producer buffer: never returns while the broker is down
+
+    box = Outbox(send, max_messages=5, send_timeout_s=0.05)
+    t0 = time.monotonic()
+    for i in range(20):  # 20 ticks
+        await box.submit("gpu.samples", "n1", sample(i))
+    took = time.monotonic() - t0
+    assert blocked.is_set() and box.degraded
+    # degraded: one probe per submit waits at most the timeout; the rest is queued at once
+    assert took < 20 * 0.05 + 1.0, took
+    assert len(box.queue) == 5 and sum(box.dropped.values()) == 15 and box.failures == 20
+
+
+async def test_stalled_in_flight_deliveries_are_measured() -> None:
+    import asyncio
+
+    now = [100.0]
+    loop = asyncio.get_running_loop()
+    futs: list[asyncio.Future[None]] = []
+
+    async def send(_topic: str, _key: str | None, _value: BaseModel) -> asyncio.Future[None]:
+        futs.append(loop.create_future())
+        return futs[-1]
+
+    box = Outbox(send, clock=lambda: now[0])
+    assert box.stalled_s() == 0.0
+    await box.submit("gpu.samples", "n1", sample(0))
+    now[0] = 130.0
+    assert box.stalled_s() == 30.0  # no confirmation for 30 s: the collector's /healthz is degraded
+    futs[0].set_result(None)
+    box.reap()
+    assert box.stalled_s() == 0.0 and box.delivered == 1

@@ -65,8 +65,10 @@ def test_guard_bounds() -> None:
 async def test_a_poisoned_timestamp_is_rejected_and_does_not_move_the_watermark() -> None:
     svc, prod = service()
     await feed(svc, range(0, 10), missing_from=10**9)
+    with pytest.raises(ValueError, match="less than or equal"):
+        sample("n1", 1e308)  # the schema itself refuses it (models.MAX_EVENT_TS)
     with pytest.raises(ValueError, match="ahead"):
-        await svc.handle("gpu.attributed", sample("n1", 1e308))
+        await svc.handle("gpu.attributed", sample("n1", 4.0e9))  # in the schema, 2096: the guard refuses it
     assert svc.durable.guard.watermark == T0 + 9
     await feed(svc, range(10, 120), missing_from=10**9)
     # no node looks silent: the watermark never jumped
@@ -149,3 +151,28 @@ def test_a_restart_with_an_edited_threshold_uses_the_new_catalog(tmp_path: Path)
     restored = Detector(load_catalog(edited_path))
     restored.restore(snap)
     assert storms(restored) == []
+
+
+class _Boom:
+    """A pickle that would run ``os.system`` when loaded by a plain unpickler."""
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        import os
+
+        return (os.system, ("touch /tmp/gpuwarden-pwned",))
+
+
+@pytest.mark.parametrize("payload", ["os.system", "eval", "a gpuwarden function"])
+def test_a_state_file_that_names_code_is_refused_and_runs_nothing(tmp_path: Path, payload: str) -> None:
+    """Issue 25: whoever can write the state file cannot run code as the detector."""
+    import pickle
+
+    from gpuwarden.detector.catalog import load_catalog
+
+    target = {"os.system": _Boom(), "eval": (eval, ("1",)), "a gpuwarden function": load_catalog}[payload]
+    path = tmp_path / "state.pkl"
+    path.write_bytes(pickle.dumps((1, [], {"x": target})))
+    svc, _ = service(path)
+    assert not svc.durable.restored and not Path("/tmp/gpuwarden-pwned").exists()
+    with pytest.raises(ValueError, match="refused"):
+        svc.detector.restore(path.read_bytes())

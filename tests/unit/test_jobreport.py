@@ -5,6 +5,7 @@ GPU-hours; the accumulator's final/running reports; the detector publishing on `
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -267,3 +268,32 @@ def test_report_command_reads_a_run_report_and_prints_markdown(tmp_path: Path) -
     assert res.exit_code == 0 and JobReport.model_validate_json(res.output) == rep
     res = CliRunner().invoke(app, ["8", "--file", str(path)])
     assert res.exit_code == 1
+
+
+def test_markdown_report_escapes_hostile_names_and_text(tmp_path: Path) -> None:
+    """Issue 25: ``gpuwarden report --markdown`` with a job name, verdict, advice and a GPU row
+    carrying Markdown/HTML, a newline and a bidi override: every line keeps its shape, nothing
+    opens a link or inline HTML, the override is printed as an escape."""
+    import typer
+
+    from gpuwarden.detector.report_cli import report
+
+    rep = build_job_report(job(), windows(), [], 3.26, as_of=T0 + 100)
+    evil = "x | y <img src=x onerror=alert(1)> [link](http://evil) \u202etxt\n# forged heading"
+    g0 = rep.per_gpu[0].model_copy(update={"node": f"gpu-node-001 | {evil}"})
+    rep = rep.model_copy(
+        update={"name": evil, "verdict": evil, "recommendations": [evil], "per_gpu": [g0, *rep.per_gpu[1:]]}
+    )
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"scenario": "x", "job_reports": [rep.model_dump(mode="json")]}))
+    app = typer.Typer()
+    app.command()(report)
+    res = CliRunner().invoke(app, ["7", "--file", str(path), "--markdown"])
+    assert res.exit_code == 0, res.output
+    md = res.output
+    assert "\u202e" not in md and "\\u202e" in md
+    assert "\\<img src=x onerror=alert(1)\\>" in md
+    assert re.search(r"(?<!\\)<img", md) is None and re.search(r"(?<!\\)\]\(http", md) is None
+    assert not any(line.startswith("# forged") for line in md.splitlines())
+    gpu_rows = [ln for ln in md.splitlines() if ln.startswith("| gpu-node-001")]
+    assert len(gpu_rows) == 1 and gpu_rows[0].replace("\\|", "").count("|") == 10  # 9 cells: shape kept

@@ -351,3 +351,22 @@ def test_every_pattern_and_remediator_alert_has_a_runbook_in_the_repo() -> None:
         text = (docs / f"{p}.md").read_text()
         assert text.startswith("# "), p
         assert "## What to do" in text, p
+
+
+async def test_hostile_text_reaches_receivers_as_one_escaped_line() -> None:
+    """Issue 25: labels and annotations of an Alertmanager payload carry no control or bidi
+    characters (a receiver's Slack/e-mail template shows them as written), and resolve finds it."""
+    from gpuwarden.remediator.alerts import alertmanager_payload
+
+    sink = MemoryAlertSink()
+    al = Alerter([sink])
+    node = "gpu-node-001\nINFO executed drain on gpu-node-002"
+    await al.fire("GpuwardenFailure", node, "gpu-fallen-off-bus", "fatal", "GPU \u202e5 lost\x1b[2J", "a\r\nb")
+    [alert] = sink.sent[0]
+    body = alertmanager_payload([alert])[0]
+    assert body["labels"]["node"] == "gpu-node-001\\x0aINFO executed drain on gpu-node-002"
+    assert body["annotations"]["summary"] == "GPU \\u202e5 lost\\x1b[2J"
+    assert body["annotations"]["description"] == "a\\x0d\\x0ab"
+    for v in [*body["labels"].values(), *body["annotations"].values()]:
+        assert v.isprintable(), v
+    assert await al.resolve(node) == 1

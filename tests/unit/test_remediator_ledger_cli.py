@@ -72,7 +72,18 @@ async def test_status_and_reset_over_http(tmp_path: Path) -> None:
         cli = CliRunner()
         out = await asyncio.to_thread(cli.invoke, app, ["status", "--url", url, "--json"])
         assert out.exit_code == 0 and '"open": true' in out.output
+        # a control request needs the service's token (none set: refused)
         out = await asyncio.to_thread(cli.invoke, app, ["reset-breaker", "--url", url])
+        assert out.exit_code == 1 and "401" in out.output and r.history.breaker_reason == "tripped"
+        r.http.control_token = "s3cret-token-for-tests"
+        out = await asyncio.to_thread(cli.invoke, app, ["reset-breaker", "--url", url, "--token", "wrong"])
+        assert out.exit_code == 1 and "401" in out.output and r.history.breaker_reason == "tripped"
+        out = await asyncio.to_thread(
+            cli.invoke,
+            app,
+            ["reset-breaker", "--url", url],
+            env={"GPUWARDEN_HTTP_CONTROL_TOKEN": "s3cret-token-for-tests"},
+        )
         assert out.exit_code == 0 and "was: tripped" in out.output and r.history.breaker_reason is None
     finally:
         await r.http.stop()
@@ -102,3 +113,33 @@ async def test_standby_replica_does_not_act(tmp_path: Path) -> None:
     await b.lease.start()
     assert (await b.handle_failure(failure("gpu-node-003", "eeeeeeee5"))).decision == D.SKIPPED
     assert fb.calls == [] and not b.status()["active"] and a.status()["active"]
+
+
+async def test_control_requests_need_the_token_and_the_same_origin(tmp_path: Path) -> None:
+    """Issue 25: POST /breaker/reset without the token is 401 (also when no token is set), a
+    cross-origin POST with the right token is 403, reads stay open."""
+    import aiohttp
+
+    r, _, _ = make(tmp_path / "l.json")
+    r.history.breaker_reason = "tripped"
+    await r.http.start()
+    try:
+        url = f"http://127.0.0.1:{r.http.port}"
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"{url}/breaker/reset") as resp:
+                assert resp.status == 401 and "GPUWARDEN_HTTP_CONTROL_TOKEN" in (await resp.json())["error"]
+            r.http.control_token = "t0ken-t0ken-t0ken"
+            for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "t0ken-t0ken-t0ken"}):
+                async with s.post(f"{url}/breaker/reset", headers=headers) as resp:
+                    assert resp.status == 401 and resp.headers["WWW-Authenticate"].startswith("Bearer")
+            good = {"Authorization": "Bearer t0ken-t0ken-t0ken"}
+            async with s.post(f"{url}/breaker/reset", headers={**good, "Origin": "http://evil.example"}) as resp:
+                assert resp.status == 403
+            assert r.history.breaker_reason == "tripped"
+            async with s.get(f"{url}/status") as resp:
+                assert resp.status == 200
+            async with s.post(f"{url}/breaker/reset", headers={**good, "Origin": url}) as resp:
+                assert resp.status == 200 and (await resp.json())["was"] == "tripped"
+            assert r.history.breaker_reason is None and r.http.refused == 5
+    finally:
+        await r.http.stop()

@@ -19,6 +19,9 @@ class EventTimeGuard:
     A time is rejected when it is not finite, more than ``max_ahead_s`` ahead of the newer of
     the watermark and the wall clock (``wall``; ``None``: the watermark alone), or more than
     ``max_behind_s`` behind the watermark. Times are epoch s.
+
+    With ``wall_only`` (the contract's edge check, :mod:`gpuwarden.shared.contract`) the ahead
+    bound is taken from the wall clock alone, so accepted records cannot ratchet it forward.
     """
 
     def __init__(
@@ -26,12 +29,14 @@ class EventTimeGuard:
         max_ahead_s: float = DAY_S,
         max_behind_s: float = 365 * DAY_S,
         wall: Callable[[], float] | None = time.time,
+        wall_only: bool = False,
     ) -> None:
         if max_ahead_s <= 0 or max_behind_s <= 0:
             raise ValueError("max_ahead_s and max_behind_s must be > 0")
         self.max_ahead_s = max_ahead_s
         self.max_behind_s = max_behind_s
         self.wall = wall
+        self.wall_only = wall_only and wall is not None
         self.watermark: float | None = None
         self.rejected = 0
 
@@ -44,7 +49,9 @@ class EventTimeGuard:
         if not math.isfinite(ts):
             self.rejected += 1
             raise ValueError(f"event time of the {what} is not finite: {ts!r}")
-        refs = [r for r in (self.watermark, self.wall() if self.wall else None) if r is not None]
+        refs = [
+            r for r in (None if self.wall_only else self.watermark, self.wall() if self.wall else None) if r is not None
+        ]
         if refs and ts > max(refs) + self.max_ahead_s:
             self.rejected += 1
             raise ValueError(

@@ -15,8 +15,10 @@ KAFKA_LOGGERS = ("aiokafka", "kafka")
 
 class RateLimitFilter(logging.Filter):
     """Let through at most one record per (logger, message template) every ``interval_s``
-    seconds for loggers named with one of ``prefixes`` (others pass untouched); the next one
-    that passes says how many were suppressed in between."""
+    seconds for loggers named with one of ``prefixes`` and for any record logged with
+    ``extra={"rate_limited": True}`` (a per-record line under bad input: a dead letter, a
+    handler error); others pass untouched. The next one that passes says how many were
+    suppressed in between, so a flood of bad records costs one line per kind and interval."""
 
     def __init__(
         self,
@@ -33,7 +35,7 @@ class RateLimitFilter(logging.Filter):
         self.suppressed_total = 0
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not record.name.startswith(self.prefixes):
+        if not (record.name.startswith(self.prefixes) or getattr(record, "rate_limited", False)):
             return True
         key = (record.name, str(record.msg))
         now = self.clock()

@@ -27,6 +27,13 @@ class ServiceMetrics:
             ["topic"],
             registry=self.registry,
         )
+        self.rejected = Counter(
+            f"{ns}_rejected_records",
+            "Records outside their topic's contract, by topic and rule (schema, oversize, event-time); "
+            "dead-lettered by the topic's edge service, dropped by the others",
+            ["topic", "rule"],
+            registry=self.registry,
+        )
         self.consumer_lag = Gauge(
             f"{ns}_consumer_lag_messages",
             "Consumer lag per topic partition, messages",

@@ -147,19 +147,59 @@ def stable_id(*parts: Any) -> str:
     return h.hexdigest()[:16]
 
 
-Ts = Annotated[float, Field(description="UTC epoch seconds, event time", ge=0)]
+#: The input contract (issue 25): bounds every record of an input topic must keep, stated in the
+#: models so the JSON Schemas (docs/schemas) say them too and a consumer in another language rejects
+#: the same records. The consumer's edge check (:mod:`gpuwarden.shared.contract`) adds the bounds
+#: relative to the stream's progress and the wall clock.
+#: Latest event time a record may carry: 2100-01-01T00:00:00Z, epoch s (``ts=1e308`` is refused).
+MAX_EVENT_TS = 4_102_444_800.0
+#: Most GPUs one node may report in a sample (an NVL72 rack is 72 GPUs over 18 nodes; the largest
+#: single servers have 16).
+MAX_GPUS_PER_NODE = 64
+#: Largest GPU index (NVML numbers the GPUs of one node 0..N-1).
+MAX_GPU_INDEX = MAX_GPUS_PER_NODE - 1
+#: Most NVLinks per GPU (18 on H100/B200) and processes per GPU a sample may list.
+MAX_NVLINKS_PER_GPU = 36
+MAX_PROCESSES_PER_GPU = 1024
+#: Most nodes one job may list (Slurm's largest jobs span a few thousand nodes).
+MAX_NODES_PER_JOB = 65_536
+#: Longest kernel-log line kept (the kernel's printk line is at most 1,024 bytes) and driver text.
+MAX_LINE_CHARS = 4096
+#: Slurm node names: a host name (letters, digits, ``.``, ``_``, ``-``; 1-64 characters, no
+#: spaces, shell or control characters); the same rule as the remediator's argv check
+#: (:func:`gpuwarden.shared.slurm.validate_node_name`).
+NODE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+#: Slurm job ids: ``123``, array tasks ``123_4`` (pending array ``123_[1-5%2]``), het job
+#: components ``123+1``; or a name starting with a letter (``recording``: what ``gpuwarden analyze``
+#: calls the job a recording is replayed as), never spaces, shell or control characters.
+JOB_ID_PATTERN = r"^([0-9]{1,12}(_([0-9]{1,10}|\[[0-9,%-]{1,200}\]))?(\+[0-9]{1,5})?|[A-Za-z][A-Za-z0-9._-]{0,63})$"
+#: Identifiers printed by NVML and the tools (GPU/MIG UUIDs, PCI bus ids, serials, collector ids,
+#: driver versions, source names): printable ASCII without spaces or quotes, at most 128 characters.
+TOKEN_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9:./_@+=-]{0,127}$"
+
+Ts = Annotated[
+    float,
+    Field(description="UTC epoch seconds, event time", ge=0, le=MAX_EVENT_TS, allow_inf_nan=False),
+]
+OptTs = Annotated[float | None, Field(ge=0, le=MAX_EVENT_TS, allow_inf_nan=False)]
+NodeName = Annotated[str, Field(pattern=NODE_NAME_PATTERN, max_length=64, description="Slurm node name")]
+JobId = Annotated[str, Field(pattern=JOB_ID_PATTERN, max_length=240, description="Slurm job id (array tasks as 123_4)")]
+Token = Annotated[str, Field(pattern=TOKEN_PATTERN, max_length=128)]
+GpuIndex = Annotated[int, Field(ge=0, le=MAX_GPU_INDEX)]
+#: Free text from a tool (product names, process names, Slurm state words): one line, bounded.
+Text = Annotated[str, Field(max_length=256, pattern=r"^[^\x00-\x1f\x7f]*$")]
 Pct = Annotated[float | None, Field(ge=0, le=100)]
 
 
 class GpuSample(Model):
     """One GPU's readings at one tick (NVML or ``nvidia-smi -q -x``)."""
 
-    index: int = Field(ge=0, description="GPU index as NVML/nvidia-smi number it (minor order)")
-    uuid: str | None = Field(None, description="GPU UUID, e.g. GPU-xxxxxxxx-...")
-    pci_bus_id: str | None = Field(
+    index: int = Field(ge=0, le=MAX_GPU_INDEX, description="GPU index as NVML/nvidia-smi number it (minor order)")
+    uuid: Token | None = Field(None, description="GPU UUID, e.g. GPU-xxxxxxxx-...")
+    pci_bus_id: Token | None = Field(
         None, description="PCI bus id, normalised to DDDD:BB:DD.F lower-case, e.g. 0000:44:00.0"
     )
-    name: str | None = Field(None, description="Product name, e.g. NVIDIA H100 80GB HBM3")
+    name: Text | None = Field(None, description="Product name, e.g. NVIDIA H100 80GB HBM3")
     utilization_gpu_pct: Pct = Field(None, description="GPU (SM) utilisation over the last sample period, %")
     utilization_memory_pct: Pct = Field(None, description="Memory controller utilisation, %")
     memory_used_mib: float | None = Field(None, ge=0, description="Framebuffer memory used, MiB")
@@ -176,8 +216,9 @@ class GpuSample(Model):
     sm_clock_mhz: float | None = Field(None, ge=0, description="SM clock, MHz")
     memory_clock_mhz: float | None = Field(None, ge=0, description="Memory clock, MHz")
     max_sm_clock_mhz: float | None = Field(None, ge=0, description="Maximum SM clock, MHz")
-    throttle_reasons: list[str] = Field(
+    throttle_reasons: list[Token] = Field(
         default_factory=list,
+        max_length=64,
         description="Active clock event (throttle) reasons, NVML names without prefix, "
         "e.g. sw_thermal_slowdown, hw_power_brake_slowdown, sw_power_cap; idle is reported as gpu_idle",
     )
@@ -190,7 +231,7 @@ class GpuSample(Model):
     pcie_link_gen: int | None = Field(None, ge=0, description="Current PCIe link generation")
     pcie_link_width: int | None = Field(None, ge=0, description="Current PCIe link width, lanes")
     energy_j: float | None = Field(None, ge=0, description="Energy since driver load, J")
-    serial: str | None = Field(None, description="Board serial number")
+    serial: Token | None = Field(None, description="Board serial number")
     vbios_version: str | None = None
     memory_free_mib: float | None = Field(None, ge=0, description="Framebuffer memory free, MiB")
     memory_reserved_mib: float | None = Field(None, ge=0, description="Framebuffer memory reserved by the driver, MiB")
@@ -215,11 +256,13 @@ class GpuSample(Model):
     fan_speed_pct: Pct = Field(None, description="Fan speed, % of maximum")
     nvlinks: list[dict[str, Any]] | None = Field(
         None,
+        max_length=MAX_NVLINKS_PER_GPU,
         description="Per NVLink: link (int), active (bool), crc_flit_errors, crc_data_errors, replay_errors, "
         "recovery_errors (counts; a counter the GPU does not report is absent)",
     )
     processes: list[dict[str, Any]] | None = Field(
         None,
+        max_length=MAX_PROCESSES_PER_GPU,
         description="GPU processes: pid (int), used_memory_mib (float or absent); from nvidia-smi also type "
         "(C compute, G graphics, C+G, M MPS, as printed) and process_name; NVML lists compute processes only",
     )
@@ -233,13 +276,13 @@ class NodeSample(Model):
     """All GPUs of one node at one tick; one message per node per tick on ``gpu.samples``."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
-    node: str = Field(min_length=1, description="Slurm node name")
+    node: NodeName
     ts: Ts
-    collector_id: str = Field(description="Which collector instance produced it (host:pid or name)")
-    source: str = Field(description="Telemetry source: nvml, nvidia-smi-xml, simulated")
-    gpus: list[GpuSample] = Field(default_factory=list)
-    driver_version: str | None = None
-    cuda_version: str | None = None
+    collector_id: Token = Field(description="Which collector instance produced it (host:pid or name)")
+    source: Token = Field(description="Telemetry source: nvml, nvidia-smi-xml, simulated")
+    gpus: list[GpuSample] = Field(default_factory=list, max_length=MAX_GPUS_PER_NODE)
+    driver_version: Token | None = None
+    cuda_version: Token | None = None
 
 
 class EventKind(StrEnum):
@@ -256,19 +299,19 @@ class GpuEvent(Model):
     """A discrete event (never sampled): an XID/SXID kernel-log line, an NVLink or ECC event."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
-    event_id: str = Field(description="Deterministic id (node, ts, kind, code, raw line): duplicates collapse")
-    node: str = Field(min_length=1)
+    event_id: Token = Field(description="Deterministic id (node, ts, kind, code, raw line): duplicates collapse")
+    node: NodeName
     ts: Ts
     kind: EventKind
     code: int | None = Field(None, description="XID or SXID number")
     gpu_index: int | None = Field(None, ge=0, description="Resolved GPU index, None if unknown")
-    pci_bus_id: str | None = Field(None, description="PCI bus id DDDD:BB:DD.F lower-case")
-    gpu_uuid: str | None = None
+    pci_bus_id: Token | None = Field(None, description="PCI bus id DDDD:BB:DD.F lower-case")
+    gpu_uuid: Token | None = None
     pid: int | None = Field(None, description="Process id printed with the XID, if any")
     process_name: str | None = None
-    message: str = Field("", description="The driver's text after the code")
-    raw: str = Field(description="The original log line, unchanged")
-    source: str = Field(description="kmsg, nvml-event, replay, simulated")
+    message: str = Field("", max_length=MAX_LINE_CHARS, description="The driver's text after the code")
+    raw: str = Field(max_length=MAX_LINE_CHARS, description="The original log line, unchanged")
+    source: Token = Field(description="kmsg, nvml-event, replay, simulated")
     channel: int | None = Field(None, description="GPU channel printed with the XID (``Ch 0000000c``/``channel 0x0c``)")
     fatal: bool | None = Field(
         None, description="True for a Fatal, False for a Non-fatal/Nonfatal token; None if absent"
@@ -288,22 +331,22 @@ class JobState(Model):
     """A Slurm job's state (``slurm.jobs``, keyed by job id): on change and in periodic snapshots."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
-    job_id: str = Field(min_length=1, description="Slurm job id (array tasks as 123_4)")
+    job_id: JobId
     ts: Ts = Field(description="When the watcher observed this state")
     state: str = Field(description="Slurm job state, e.g. PENDING, RUNNING, COMPLETED, FAILED")
     name: str | None = None
     user: str | None = None
     account: str | None = None
     partition: str | None = None
-    nodes: list[str] = Field(default_factory=list, description="Expanded node names")
-    gpus: dict[str, list[int]] = Field(
+    nodes: list[NodeName] = Field(default_factory=list, max_length=MAX_NODES_PER_JOB, description="Expanded node names")
+    gpus: dict[NodeName, list[GpuIndex]] = Field(
         default_factory=dict, description="GPU indices allocated on each node (from scontrol -d IDX)"
     )
-    start_ts: float | None = Field(None, description="Job start, epoch s")
-    end_ts: float | None = Field(None, description="Job end (or time limit end while running), epoch s")
+    start_ts: OptTs = Field(None, description="Job start, epoch s")
+    end_ts: OptTs = Field(None, description="Job end (or time limit end while running), epoch s")
     exit_code: int | None = None
     snapshot: bool = Field(False, description="True when part of a periodic full snapshot")
-    submit_ts: float | None = Field(None, description="Job submission, epoch s")
+    submit_ts: OptTs = Field(None, description="Job submission, epoch s")
     reason: str | None = Field(None, description="Slurm's state reason (pending reason, NonZeroExitCode...)")
     confirmed: bool | None = Field(
         None, description="End state confirmed from accounting (sacct) when True; None when not checked"
@@ -336,20 +379,24 @@ class NodeState(Model):
     """A Slurm node's state (``slurm.nodes``, keyed by node)."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
-    node: str = Field(min_length=1)
+    node: NodeName
     ts: Ts
     state: str = Field(description="Base state, e.g. IDLE, ALLOCATED, MIXED, DOWN")
-    flags: list[str] = Field(default_factory=list, description="State flags, e.g. DRAIN, NOT_RESPONDING")
-    reason: str | None = Field(None, description="Reason set with the DRAIN/DOWN")
+    flags: list[Text] = Field(
+        default_factory=list, max_length=64, description="State flags, e.g. DRAIN, NOT_RESPONDING"
+    )
+    reason: str | None = Field(None, max_length=MAX_LINE_CHARS, description="Reason set with the DRAIN/DOWN")
     reason_user: str | None = None
-    reason_ts: float | None = Field(None, description="When the reason was set, epoch s")
+    reason_ts: OptTs = Field(None, description="When the reason was set, epoch s")
     gres: str | None = Field(None, description="Configured GRES, e.g. gpu:8")
     gres_used: str | None = Field(None, description="GRES in use, e.g. gpu:4(IDX:0-3)")
     partitions: list[str] = Field(default_factory=list)
     cpus: int | None = Field(None, ge=0, description="Configured CPUs of the node (CPUTot / cpus), count")
     alloc_cpus: int | None = Field(None, ge=0, description="CPUs allocated to jobs (CPUAlloc / alloc_cpus), count")
-    gpus_used_idx: list[int] | None = Field(
-        None, description="GPU indices in use, from the IDX list of gres_used (gpu:h100:4(IDX:0-1,4,6) -> 0,1,4,6)"
+    gpus_used_idx: list[GpuIndex] | None = Field(
+        None,
+        max_length=MAX_GPUS_PER_NODE,
+        description="GPU indices in use, from the IDX list of gres_used (gpu:h100:4(IDX:0-1,4,6) -> 0,1,4,6)",
     )
     snapshot: bool = False
 
@@ -556,14 +603,14 @@ class HealthCheckResult(Model):
     """Result of a prolog/epilog health check on a node (``health``)."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
-    node: str
+    node: NodeName
     ts: Ts
     phase: Literal["prolog", "epilog", "periodic"]
-    check: str
+    check: Text
     passed: bool
-    job_id: str | None = None
-    gpu_index: int | None = None
-    detail: str = ""
+    job_id: JobId | None = None
+    gpu_index: GpuIndex | None = None
+    detail: str = Field("", max_length=MAX_LINE_CHARS)
     duration_s: float | None = Field(None, ge=0)
 
 

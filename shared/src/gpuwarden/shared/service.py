@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import os
 import signal
@@ -36,20 +37,68 @@ class Lifecycle(Protocol):
     async def stop(self) -> None: ...
 
 
-class HttpEndpoint:
-    """aiohttp server with ``/healthz`` (JSON) and ``/metrics`` (Prometheus text)."""
+#: Methods that read only; every other method is a control request (:class:`HttpEndpoint`).
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
-    def __init__(self, host: str, port: int, metrics: ServiceMetrics, health: Callable[[], dict[str, Any]]) -> None:
+
+class HttpEndpoint:
+    """aiohttp server with ``/healthz`` (JSON) and ``/metrics`` (Prometheus text), and the
+    service's ``extra_routes``.
+
+    **Control requests** (any method but GET/HEAD/OPTIONS: the breaker reset, the report
+    trigger) need ``Authorization: Bearer <GPUWARDEN_HTTP_CONTROL_TOKEN>``; with no token
+    configured every control request is refused. A wrong or missing token gets 401; an
+    ``Origin`` header that is not this server's own origin gets 403 (a page in a browser
+    cannot post to it). Reads stay open, so ``/metrics`` can be scraped from a bound
+    ``0.0.0.0`` while nothing can be changed without the token.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        metrics: ServiceMetrics,
+        health: Callable[[], dict[str, Any]],
+        control_token: str | None = None,
+    ) -> None:
         self.host, self.port = host, port
         self._metrics = metrics
         self._health = health
         self._runner: web.AppRunner | None = None
         self.extra_routes: list[web.RouteDef] = []
+        self.control_token = control_token
+        self.refused = 0
+
+    @web.middleware
+    async def _guard(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if request.method in READ_METHODS:
+            return await handler(request)
+        origin = request.headers.get("Origin")
+        if origin is not None and origin.rstrip("/") != f"{request.scheme}://{request.host}":
+            self.refused += 1
+            return web.json_response({"error": f"cross-origin {request.method} refused (Origin {origin[:100]})"},
+                                     status=403)  # fmt: skip
+        given = request.headers.get("Authorization", "")
+        given = given[7:] if given.startswith("Bearer ") else ""
+        token = self.control_token
+        if not token or not given or not hmac.compare_digest(given.encode(), token.encode()):
+            self.refused += 1
+            why = (
+                "a wrong or missing bearer token" if token else "no GPUWARDEN_HTTP_CONTROL_TOKEN is set on the service"
+            )
+            return web.json_response(
+                {"error": f"{request.method} {request.path} refused: {why}"},
+                status=401,
+                headers={"WWW-Authenticate": 'Bearer realm="gpuwarden"'},
+            )
+        return await handler(request)
 
     async def start(self) -> None:
         if self._runner is not None:
             return
-        app = web.Application()
+        app = web.Application(middlewares=[self._guard])
         app.add_routes(
             [web.get("/healthz", self._healthz), web.get("/metrics", self._metrics_view), *self.extra_routes]
         )
@@ -87,7 +136,9 @@ class Service:
         self.settings = settings
         self.metrics = ServiceMetrics(self.name)
         self.producer: ProducerLike = producer or Producer(settings, self.metrics)
-        self.http = HttpEndpoint(settings.http_host, settings.http_port, self.metrics, self.health)
+        token = settings.http_control_token
+        self.http = HttpEndpoint(settings.http_host, settings.http_port, self.metrics, self.health,
+                                 token.get_secret_value() if token is not None else None)  # fmt: skip
         self._consumers: list[Consumer] = []
         self._tasks: list[asyncio.Task[Any]] = []
         self._consumer_tasks: dict[int, asyncio.Task[Any]] = {}
@@ -306,11 +357,13 @@ def run_service(factory: Callable[[], Lifecycle], log_level: str | None = None) 
     from .settings import describe_settings_error
 
     level = (log_level or os.environ.get("GPUWARDEN_LOG_LEVEL", "INFO")).upper()
-    logging.basicConfig(
-        level=getattr(logging, level, logging.INFO),
-        format=f"%(asctime)s %(levelname)s [{socket.gethostname()}:%(process)d] %(name)s: %(message)s",
-    )
+    fmt = f"%(asctime)s %(levelname)s [{socket.gethostname()}:%(process)d] %(name)s: %(message)s"
+    logging.basicConfig(level=getattr(logging, level, logging.INFO), format=fmt)
     from .logfilter import limit_kafka_logging
+    from .text import SafeFormatter
+
+    for h in logging.getLogger().handlers:  # one record = one line, whatever names it carries
+        h.setFormatter(SafeFormatter(fmt))
 
     limit_kafka_logging()
     try:

@@ -74,6 +74,14 @@ class BusSettings(BaseSettings):
     ssl_keyfile: Path | None = Field(None, description="Private key (PEM) of the client certificate")
     ssl_key_password: SecretStr | None = Field(None, description="Password of the private key")
     ssl_check_hostname: bool = Field(True, description="Check the broker's certificate matches its host name")
+    edge_max_ahead_s: float = Field(
+        600.0, gt=0, description="Refuse a record whose event time is this far ahead of the wall clock (contract), s"
+    )
+    edge_max_behind_s: float = Field(
+        365 * 86400.0,
+        gt=0,
+        description="Refuse a record whose event time is this far behind its topic's newest accepted one, s",
+    )
     producer_acks: Literal["all", "1"] = Field("all", description="Producer acks: all (durable) or 1")
     producer_idempotence: Literal["auto", "true", "false"] = Field(
         "auto", description="Idempotent producer: auto = when the broker supports it"
@@ -202,9 +210,21 @@ class ServiceSettings(BusSettings):
 
     http_host: str = Field("127.0.0.1", description="Bind address of /healthz and /metrics")
     http_port: int = Field(0, ge=0, le=65535, description="Port of /healthz and /metrics (0 = a free port)")
+    http_control_token: SecretStr | None = Field(
+        None,
+        description="Bearer token every state-changing HTTP request (POST: breaker reset, report trigger) "
+        "needs; unset: every such request is refused (401)",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field(
         "INFO", description="Python logging level"
     )
+
+    @field_validator("http_control_token")
+    @classmethod
+    def _long_enough(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and len(v.get_secret_value()) < 16:
+            raise ValueError("GPUWARDEN_HTTP_CONTROL_TOKEN must be at least 16 characters (openssl rand -hex 24)")
+        return v
 
     @field_validator("log_level", mode="before")
     @classmethod

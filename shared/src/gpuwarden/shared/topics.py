@@ -35,6 +35,11 @@ class TopicSpec:
     configs: dict[str, str] = field(default_factory=dict)
     producers: tuple[str, ...] = ()
     consumers: tuple[str, ...] = ()
+    #: The service that dead-letters a record of this topic outside its contract (schema or
+    #: :mod:`gpuwarden.shared.contract`): the first that reads it. Other readers drop such a
+    #: record and count it, so it is dead-lettered once. ``None``: every reader dead-letters (a
+    #: topic with one reader, or written only by gpuwarden's own validated outputs).
+    edge: str | None = None
 
     def full(self, prefix: str) -> str:
         """The topic's name on the broker: ``prefix + name``."""
@@ -56,6 +61,7 @@ TOPICS: dict[str, TopicSpec] = {
             {"retention.ms": _DAY_MS},
             producers=("collector",),
             consumers=("correlator",),
+            edge="correlator",
         ),
         TopicSpec(
             "gpu.events",
@@ -66,6 +72,7 @@ TOPICS: dict[str, TopicSpec] = {
             {"retention.ms": _WEEK_MS},
             producers=("collector",),
             consumers=("correlator", "detector"),
+            edge="correlator",
         ),
         TopicSpec(
             "slurm.jobs",
@@ -76,6 +83,7 @@ TOPICS: dict[str, TopicSpec] = {
             {"retention.ms": _WEEK_MS},
             producers=("slurm-watcher",),
             consumers=("correlator", "detector", "console"),
+            edge="detector",
         ),
         TopicSpec(
             "slurm.nodes",
@@ -86,6 +94,7 @@ TOPICS: dict[str, TopicSpec] = {
             {"retention.ms": _WEEK_MS},
             producers=("slurm-watcher",),
             consumers=("detector", "otlp-bridge", "remediator", "console"),
+            edge="detector",
         ),
         TopicSpec(
             "slurm.watermarks",
@@ -176,6 +185,7 @@ TOPICS: dict[str, TopicSpec] = {
             {"retention.ms": _WEEK_MS},
             producers=("health-check",),
             consumers=("detector", "remediator"),
+            edge="detector",
         ),
         TopicSpec(
             "deadletter",

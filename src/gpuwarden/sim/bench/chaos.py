@@ -90,6 +90,8 @@ class ChaosFigures:
     fuzzed: int = 0
     dead_lettered: int = 0
     crashes: int = 0
+    #: executed drains beyond the breaker's bound (forged node records must not widen it)
+    over_breaker: int = 0
     notes: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -101,6 +103,26 @@ def chaos_line(f: ChaosFigures) -> str:
         f"duplicate drains {f.duplicate_drains}, foreign reasons overwritten {f.foreign_overwritten}, "
         f"fuzzed {f.fuzzed}, dead-lettered {f.dead_lettered}, crashes {f.crashes}"
     )
+
+
+#: Nodes of the remediator fault check's 20 that may be down at once (max drain fraction 0.1).
+BREAKER_DOWN = 2
+
+
+def chaos_failed(f: ChaosFigures) -> list[str]:
+    """Why the run fails (empty: it passed); every count of the line and the breaker check set the
+    bench's exit code. Pure."""
+    checks = [
+        (f.lost, f"{f.lost} injected faults lost"),
+        (f.found != f.injected, f"found {f.found} of {f.injected} injected faults"),
+        (f.duplicate_failures, f"{f.duplicate_failures} duplicate failures"),
+        (f.duplicate_drains, f"{f.duplicate_drains} duplicate drains"),
+        (f.foreign_overwritten, f"{f.foreign_overwritten} foreign drain reasons overwritten"),
+        (f.dead_lettered != f.fuzzed, f"dead-lettered {f.dead_lettered} of {f.fuzzed} fuzzed records"),
+        (f.crashes, f"{f.crashes} crashes"),
+        (f.over_breaker, f"{f.over_breaker} drains beyond the circuit breaker"),
+    ]
+    return [why for bad, why in checks if bad]
 
 
 def chaos_scenario(fault_s: list[float], duration_s: float, nodes: int = 8) -> dict[str, Any]:
@@ -341,9 +363,10 @@ class _Chaos:
         drains = Counter(c[0] for c in fake.calls if c[1] == "DRAIN" and c[0] != "gpu-node-002")
         drained = sum(1 for n in fake.nodes_map.values() if n.drained and n.reason != FOREIGN_REASON)
         self.say(f"remediator faults: decisions {dict(r.decisions)}; {drained} of 20 drained by gpuwarden (breaker: "
-                 "at most 2 of 20 down, the admin's drain included); "
+                 f"at most {BREAKER_DOWN} of 20 down, the admin's drain included); "
                  f"gpu-node-002 reason {fake.nodes_map['gpu-node-002'].reason!r}")  # fmt: skip
-        return overwritten, max(0, drained - 2), sum(n - 1 for n in drains.values())
+        # the admin's drain of gpu-node-002 counts against the bound: gpuwarden may add BREAKER_DOWN - 1
+        return overwritten, max(0, drained - (BREAKER_DOWN - 1)), sum(n - 1 for n in drains.values())
 
     # -- the run --------------------------------------------------------------------------
     async def run(self) -> ChaosFigures:
@@ -411,6 +434,7 @@ class _Chaos:
             overwritten, over_breaker, dup_inproc = await self.remediator_faults()
             self.fig.foreign_overwritten += overwritten
             self.fig.duplicate_drains += dup_inproc
+            self.fig.over_breaker += over_breaker
             if over_breaker:
                 self.fig.notes.append(f"breaker defeated by forged node records: {over_breaker} drains too many")
             self._figures(foreign_node, state_file)
@@ -521,7 +545,8 @@ def chaos(
         typer.echo(f"  {k}: {v}")
     for n in fig.notes:
         typer.echo(f"  note: {n}")
-    typer.echo(chaos_line(fig))
-    bad = (fig.lost or fig.duplicate_failures or fig.duplicate_drains or fig.foreign_overwritten or fig.crashes
-           or fig.found != fig.injected or fig.dead_lettered != fig.fuzzed)  # fmt: skip
+    bad = chaos_failed(fig)
+    for why in bad:
+        typer.echo(f"  failed: {why}")
+    typer.echo(chaos_line(fig))  # the last line (parsed by tests and scripts)
     raise typer.Exit(1 if bad else 0)

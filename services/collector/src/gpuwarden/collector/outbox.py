@@ -52,6 +52,9 @@ class Outbox:
     there as JSON lines while the broker is failing, and a new Outbox with the same path
     starts with those messages (so an outage that outlives a restart loses nothing but what
     the bound drops, counted). Exceptions of ``send`` are caught; everything else propagates.
+    With ``send_timeout_s`` a ``send`` that does not return in time (a producer whose buffer is
+    full while the broker is down) counts as a failed delivery and the message is queued, so the
+    caller (the collector's tick) never waits longer than that for one message.
     """
 
     def __init__(
@@ -64,6 +67,7 @@ class Outbox:
         on_failure: Callable[[str, int], None] | None = None,
         log_interval_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        send_timeout_s: float | None = None,
     ) -> None:
         if max_messages < 1:
             raise ValueError("max_messages must be >= 1")
@@ -75,6 +79,9 @@ class Outbox:
         self.on_failure = on_failure
         self.log_interval_s = log_interval_s
         self._clock = clock
+        self.send_timeout_s = send_timeout_s
+        #: when the messages in flight last made progress (the first went out, or one was confirmed)
+        self.progress_at: float | None = None
         self.queue: deque[Item] = deque()
         self.inflight: deque[tuple[Item, asyncio.Future[Any]]] = deque()
         self.dropped: dict[str, int] = {}
@@ -172,7 +179,10 @@ class Outbox:
             else:
                 self.delivered += 1
                 self.degraded = False
+                self.progress_at = self._clock()
         self.inflight = keep
+        if not keep:
+            self.progress_at = None
         for item in reversed(back):
             self.queue.appendleft(item)
         if any(t in PRIORITY_TOPICS for t, _, _ in back):
@@ -187,16 +197,30 @@ class Outbox:
     async def _send(self, item: Item) -> bool:
         """Hand one message to ``send``. False when it raised (the caller keeps the message)."""
         try:
-            res = await self.send(*item)
+            if self.send_timeout_s is None:
+                res = await self.send(*item)
+            else:
+                # never block the caller's tick on a full producer buffer: buffer it here instead
+                res = await asyncio.wait_for(self.send(*item), self.send_timeout_s)
+        except TimeoutError:
+            self._failed(item[0], TimeoutError(f"the producer did not take the message in {self.send_timeout_s:g}s "
+                                               "(its buffer is full: broker unreachable?)"))  # fmt: skip
+            return False
         except Exception as exc:
             self._failed(item[0], exc)
             return False
         if isinstance(res, asyncio.Future):
+            if not self.inflight:
+                self.progress_at = self._clock()
             self.inflight.append((item, res))
         else:
             self.delivered += 1
             self.degraded = False
         return True
+
+    def stalled_s(self) -> float:
+        """How long the messages in flight have gone without a confirmation, s (0: none in flight)."""
+        return 0.0 if self.progress_at is None or not self.inflight else self._clock() - self.progress_at
 
     def _may_send(self) -> bool:
         return not self.degraded or not self.inflight  # degraded: one probe at a time

@@ -154,6 +154,7 @@ class CollectorService(Service):
             spool=settings.collector_spool,
             on_drop=lambda topic, n: self.m_dropped.labels(topic).inc(n),
             on_failure=lambda topic, n: self.m_delivery_failures.labels(topic).inc(n),
+            send_timeout_s=settings.collector_send_timeout_s,
         )
 
     async def _deliver(self, topic: str, key: str | None, value: BaseModel) -> Any:
@@ -189,6 +190,10 @@ class CollectorService(Service):
         if h["status"] == "ok" and self.outbox.degraded:
             h["status"] = "degraded"
             h["broker"] = "unreachable"
+        elif h["status"] == "ok" and (stalled := self.outbox.stalled_s()) > self.cs.collector_stall_s:
+            # deliveries neither confirmed nor failed yet (the producer still retries): not ok
+            h["status"] = "degraded"
+            h["broker"] = f"no delivery confirmed for {stalled:.0f}s"
         return h
 
     async def _measured(self, call: str, fn: Callable[[], Awaitable[list[Any]]]) -> list[Any]:

@@ -59,6 +59,17 @@ class CollectorSettings(ServiceSettings):
     collector_buffer_messages: int = Field(
         10_000, ge=1, description="Messages kept while the broker is unreachable (oldest dropped beyond, counted)"
     )
+    collector_send_timeout_s: float = Field(
+        0.5,
+        gt=0,
+        description="Longest a tick waits for the producer to take one message (a full batch while the broker "
+        "is down); then the message is buffered, counted as a failed delivery, and health is degraded, s",
+    )
+    collector_stall_s: float = Field(
+        10.0,
+        gt=0,
+        description="Health is degraded when messages in flight have had no confirmation for this long, s",
+    )
     collector_stop_timeout_s: float = Field(
         10.0, ge=0, description="On stop, how long to wait for messages in flight to be confirmed, s"
     )

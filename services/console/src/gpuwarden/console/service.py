@@ -34,6 +34,7 @@ from pydantic import ValidationError
 
 from gpuwarden.shared.bus import MemoryPublisher, decode
 from gpuwarden.shared.service import Service
+from gpuwarden.shared.text import one_line
 
 from .settings import ConsoleSettings
 from .state import ConsoleState
@@ -149,7 +150,10 @@ class ConsoleService(Service):
 
     @staticmethod
     def _json(body: Any, status: int = 200) -> web.Response:
-        return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+        """JSON of ``body`` with every string made one safe line (control and bidirectional
+        characters escaped, :func:`gpuwarden.shared.text.one_line`); the page puts text in
+        ``textContent`` only, so HTML in a name stays text."""
+        return web.Response(body=orjson.dumps(_safe(body)), status=status, content_type="application/json")
 
     def _api(self, view: Callable[[web.Request], Any]) -> Handler:
         async def handler(request: web.Request) -> web.StreamResponse:
@@ -220,3 +224,14 @@ class ConsoleService(Service):
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         return resp
+
+
+def _safe(v: Any) -> Any:
+    """``v`` with every string (keys too) passed through :func:`one_line` (no length cut)."""
+    if isinstance(v, str):
+        return one_line(v, 1 << 30)
+    if isinstance(v, dict):
+        return {(one_line(k, 1 << 30) if isinstance(k, str) else k): _safe(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_safe(x) for x in v]
+    return v

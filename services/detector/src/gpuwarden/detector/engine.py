@@ -24,7 +24,10 @@ replay at any speed ends with the same failures.
 
 from __future__ import annotations
 
+import io
+import pickle
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpuwarden.shared.allocations import (
     ACTIVE_STATES,
@@ -689,9 +692,8 @@ class Detector:
         """The detector's state — condition trackers, open episodes, GPU identities,
         allocations, watermarks, job windows — as bytes for :meth:`restore` (a pickle with a
         version and the catalog's rule ids; the catalog and settings themselves are not in it).
-        Only for this detector's own state file: never restore bytes from elsewhere."""
-        import pickle
-
+        :meth:`restore` reads it with an allow-list (:class:`_SnapshotUnpickler`): a file that names
+        any other class or function is refused, so writing the state file cannot run code."""
         state = {k: v for k, v in vars(self).items() if k not in self._NOT_STATE}
         ids = sorted(self._conditions) + sorted(r.id for r in self.catalog.rules)
         return pickle.dumps((self._SNAPSHOT_VERSION, ids, state), protocol=pickle.HIGHEST_PROTOCOL)
@@ -703,10 +705,9 @@ class Detector:
             ValueError: not a snapshot of this version, or taken with a different catalog
                 (other rule ids); the state is left unchanged then.
         """
-        import pickle
-
         try:
-            version, ids, state = pickle.loads(data)  # the service's own state file (never from the bus)
+            # the service's own state file (never from the bus), read with an allow-list of classes
+            version, ids, state = _SnapshotUnpickler(io.BytesIO(data)).load()
         except Exception as exc:
             raise ValueError(f"not a detector snapshot: {type(exc).__name__}: {exc}") from exc
         if version != self._SNAPSHOT_VERSION:
@@ -714,3 +715,28 @@ class Detector:
         if ids != sorted(self._conditions) + sorted(r.id for r in self.catalog.rules):
             raise ValueError("detector snapshot was taken with a different catalog (rule ids differ)")
         vars(self).update(state)
+
+
+#: What a detector snapshot may name (module -> classes; ``*``: any class of that module): the
+#: detector's own state classes, the message models, allocations, and plain containers.
+_SNAPSHOT_CLASSES: dict[str, frozenset[str]] = {
+    "builtins": frozenset({"set", "frozenset", "list", "dict", "tuple", "int", "float", "str", "bytes", "bool"}),
+    "collections": frozenset({"deque", "OrderedDict", "defaultdict", "Counter"}),
+    "gpuwarden.shared.models": frozenset({"*"}),
+    "gpuwarden.shared.allocations": frozenset({"*"}),
+}
+
+
+class _SnapshotUnpickler(pickle.Unpickler):
+    """Unpickles a detector snapshot naming only classes of :data:`_SNAPSHOT_CLASSES` and of the
+    ``gpuwarden.detector`` package (Python's "restricting globals"): no function, no ``os``, no
+    ``eval``, nothing whose call runs code. Raises ``pickle.UnpicklingError`` on anything else."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = _SNAPSHOT_CLASSES.get(module)
+        ok = module.startswith("gpuwarden.detector.") or (allowed is not None and ("*" in allowed or name in allowed))
+        if ok and "." not in name:
+            obj = super().find_class(module, name)
+            if isinstance(obj, type):
+                return obj
+        raise pickle.UnpicklingError(f"detector snapshot names {module}.{name}: not a state class, refused")

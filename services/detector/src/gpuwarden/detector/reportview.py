@@ -10,6 +10,8 @@ from rich.panel import Panel
 from rich.table import Table
 
 from gpuwarden.shared.models import JobReport, WasteCategory
+from gpuwarden.shared.text import markdown as md
+from gpuwarden.shared.text import one_line
 
 __all__ = ["render_markdown", "render_terminal"]
 
@@ -30,16 +32,19 @@ def _n(x: float | None, unit: str = "", digits: int = 1) -> str:
 
 
 def _title(r: JobReport) -> str:
+    """One line; every name in it made safe with :func:`~gpuwarden.shared.text.one_line`."""
     state = "final" if r.final else f"as of {_t(r.as_of)}"
     who = ", ".join(x for x in (r.user, r.account, r.partition) if x)
-    return (
+    return one_line(
         f"job {r.job_id}" + (f" {r.name}" if r.name else "") + (f" ({who})" if who else "") + f" - {r.state}, {state}"
     )
 
 
 def render_markdown(r: JobReport) -> str:
-    """The report as GitHub-flavoured Markdown: verdict, breakdown table, findings, GPUs."""
-    out = [f"# {_title(r)}", "", r.verdict, ""]
+    """The report as GitHub-flavoured Markdown: verdict, breakdown table, findings, GPUs. Every
+    text that came from data (names, verdicts, evidence sources, advice) is escaped for Markdown
+    and kept on one line (:func:`gpuwarden.shared.text.markdown`)."""
+    out = [f"# {md(_title(r))}", "", md(r.verdict, 4000), ""]
     out += [
         f"- span: {_t(r.start_ts)} to {_t(r.as_of)} ({r.duration_s:.0f} s) on {r.gpu_count} GPUs, {len(r.nodes)} nodes",
         f"- allocated: **{r.gpu_hours:.3f} GPU-hours, ${r.usd:,.2f}** at ${r.price_usd_per_gpu_hour}/GPU-hour; "
@@ -65,16 +70,17 @@ def render_markdown(r: JobReport) -> str:
     if r.findings:
         out += ["", "## Findings", ""]
         for f in r.findings:
-            where = f"{f.node} GPU {f.gpu_index}" if f.gpu_index is not None else f.node
+            where = md(f"{f.node} GPU {f.gpu_index}" if f.gpu_index is not None else f.node)
+            head = f"- **{f.pattern}** ({f.side}-side, {f.severity.value}, {f.state.value}) on {where}"
             out.append(
-                f"- **{f.pattern}** ({f.side}-side, {f.severity.value}, {f.state.value}) on {where}: {f.verdict} "
+                f"{head}: {md(f.verdict, 4000)} "
                 f"Cost: {f.gpu_hours:.4f} GPU-hours, ${f.usd:.2f}. Action: {f.recommended_action.value}."
             )
             for e in f.evidence[:4]:
                 thr = f" (threshold {e.threshold})" if e.threshold is not None else ""
-                out.append(f"  - {e.signal} = {e.value} {e.unit or ''}{thr} at {_t(e.ts)}: {e.source}")
-    out += ["", "## What to do", ""] + [f"- {x}" for x in r.recommendations]
-    out += ["", "## What the data cannot tell", ""] + [f"- {x}" for x in r.cannot_determine]
+                out.append(f"  - {md(e.signal)} = {md(e.value)} {md(e.unit or '')}{thr} at {_t(e.ts)}: {md(e.source)}")
+    out += ["", "## What to do", ""] + [f"- {md(x, 4000)}" for x in r.recommendations]
+    out += ["", "## What the data cannot tell", ""] + [f"- {md(x, 4000)}" for x in r.cannot_determine]
     out += [
         "",
         "## GPUs",
@@ -84,19 +90,19 @@ def render_markdown(r: JobReport) -> str:
     ]
     for g in r.per_gpu:
         out.append(
-            f"| {g.node} | {g.gpu_index} | {_n(g.busy_pct, ' %')} | {_n(g.utilization_gpu_pct_mean, ' %')} | "
+            f"| {md(g.node)} | {g.gpu_index} | {_n(g.busy_pct, ' %')} | {_n(g.utilization_gpu_pct_mean, ' %')} | "
             f"{_n(g.utilization_gpu_pct_max, ' %')} | {_n(g.memory_used_mib_max, '', 0)} | "
             f"{_n(g.power_w_mean, '', 0)} | {_n(g.sm_clock_mhz_mean, '', 0)} | "
             f"{_n(g.tensor_activity_pct_mean, ' %') if g.tensor_activity_pct_mean is not None else 'n/a'} |"
         )
-    out += ["", f"`{r.summary}`", ""]
+    out += ["", f"`{one_line(r.summary).replace('`', chr(39))}`", ""]
     return "\n".join(out)
 
 
 def render_terminal(r: JobReport, gpus: bool = True) -> RenderableType:
     """The report for a rich console: verdict panel, breakdown with bars, findings, GPUs."""
     head = Table.grid(padding=(0, 2))
-    head.add_row("verdict", escape(r.verdict))
+    head.add_row("verdict", escape(one_line(r.verdict, 4000)))
     head.add_row("allocated", f"{r.gpu_hours:.3f} GPU-hours on {r.gpu_count} GPUs, ${r.usd:,.2f}")
     head.add_row("busy", f"{r.busy_pct:.1f} %, wasted {r.waste_gpu_hours:.3f} GPU-hours (${r.waste_usd:,.2f})")
     tensor = (

@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 
 from gpuwarden.shared.bus import Consumer
 from gpuwarden.shared.eventtime import EventTimeGuard
-from gpuwarden.shared.models import AttributedEvent, AttributedSample, HealthCheckResult, JobWindow
+from gpuwarden.shared.models import AttributedEvent, AttributedSample, GpuEvent, HealthCheckResult, JobWindow
 
 from .engine import Detector
 
@@ -58,6 +58,8 @@ def event_time(value: Any) -> float | None:
         return value.sample.ts
     if isinstance(value, AttributedEvent):
         return value.event.ts
+    if isinstance(value, GpuEvent):  # the event lane's raw copy
+        return value.ts
     if isinstance(value, JobWindow):
         return value.window_end
     if isinstance(value, HealthCheckResult):

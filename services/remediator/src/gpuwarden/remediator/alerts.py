@@ -22,6 +22,7 @@ import aiohttp
 from pydantic import SecretStr
 
 from gpuwarden.shared.retry import retry_async
+from gpuwarden.shared.text import one_line
 
 __all__ = [
     "RUNBOOK_BASE_URL",
@@ -339,7 +340,10 @@ class Alerter:
             labels["job_id"] = job_id
         if dry_run is not None:
             labels["dry_run"] = "true" if dry_run else "false"
-        ann = {"summary": summary, "description": description or summary}
+        # what a receiver renders (Slack, e-mail, a pager): one safe line per value, whatever
+        # the node name or driver text carried (gpuwarden.shared.text.one_line)
+        labels = {k: one_line(v, 200) for k, v in labels.items()}
+        ann = {"summary": one_line(summary, 1000), "description": one_line(description or summary, 4000)}
         if pattern:
             ann["runbook_url"] = runbook_url(pattern, self.runbook_base)
         if failure_id:
@@ -368,6 +372,7 @@ class Alerter:
         """Resolve the firing alerts of ``node`` (optionally only one name, pattern or GPU);
         ``ends_at`` (epoch s, default now) is the episode's end. Returns how many."""
         g = None if gpu is None else str(gpu)
+        node = one_line(node, 200)  # as the label was written (fire)
         keys = [
             k
             for k in self.active

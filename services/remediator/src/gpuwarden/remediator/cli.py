@@ -63,15 +63,24 @@ def _target(url: str | None, ledger: Path | None) -> tuple[str | None, Path | No
     return url, ledger
 
 
-def _http(method: str, url: str) -> dict[str, Any]:
+def _http(method: str, url: str, token: str | None = None) -> dict[str, Any]:
     import urllib.error
     import urllib.request
 
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"--url must start with http:// or https://, got {url!r}")
-    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        data = json.loads(resp.read())
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            data = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        if exc.code == 401:
+            raise ValueError(
+                f"{url} refused the request (401): give the service's GPUWARDEN_HTTP_CONTROL_TOKEN "
+                "(--token or the same variable here)"
+            ) from exc
+        raise
     if not isinstance(data, dict):
         raise ValueError(f"{url} did not answer a JSON object")
     return data
@@ -81,12 +90,18 @@ def _http(method: str, url: str) -> dict[str, Any]:
 def reset_breaker(
     url: Annotated[str | None, typer.Option(help="Running remediator, e.g. http://127.0.0.1:8085")] = None,
     ledger: Annotated[Path | None, typer.Option(help="Ledger file (GPUWARDEN_REMEDIATOR_LEDGER_FILE)")] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="GPUWARDEN_HTTP_CONTROL_TOKEN", show_envvar=True, help="Control token of the running remediator"
+        ),
+    ] = None,
 ) -> None:
     """Close a tripped circuit breaker (a person decided draining may go on)."""
     url, ledger = _target(url, ledger)
     try:
         if url is not None:
-            was = _http("POST", url.rstrip("/") + "/breaker/reset").get("was")
+            was = _http("POST", url.rstrip("/") + "/breaker/reset", token).get("was")
         else:
             assert ledger is not None
             from .ledger import Ledger

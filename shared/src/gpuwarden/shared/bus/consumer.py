@@ -12,6 +12,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 from pydantic import BaseModel, ValidationError
 
+from ..contract import ContractError, EdgeCheck
 from ..metrics import ServiceMetrics
 from ..settings import BusSettings
 from .codec import decode
@@ -96,6 +97,14 @@ class Consumer:
         self._fetch_min_bytes = fetch_min_bytes
         self._drain_soon: Callable[[], Awaitable[None]] | None = getattr(producer, "drain_soon", None)
         self._in_counters: dict[str, Any] = {}
+        #: the relative half of the topics' contract (gpuwarden.shared.contract): event time
+        #: against the wall clock and each topic's progress; who dead-letters what
+        self.edge = EdgeCheck(
+            service,
+            getattr(settings, "edge_max_ahead_s", 600.0),
+            getattr(settings, "edge_max_behind_s", 365 * 86400.0),
+        )
+        self.rejected = 0
         self._last_commit = 0.0
         self.handled = 0
         self.handed_back = 0
@@ -305,21 +314,46 @@ class Consumer:
             counter = self._in_counters[short] = self._metrics.messages_in.labels(short)
         counter.inc()
         if rec.value is not None and len(rec.value) > MAX_MESSAGE_BYTES:
-            await self.dead_letter(short, rec, f"oversize: {len(rec.value)} bytes (max {MAX_MESSAGE_BYTES})")
+            await self.reject(short, rec, "oversize", f"oversize: {len(rec.value)} bytes (max {MAX_MESSAGE_BYTES})")
             return
         try:
             value = decode(short, rec.value)
         except (ValueError, ValidationError) as exc:
-            await self.dead_letter(short, rec, f"schema: {_short_error(exc)}")
+            await self.reject(short, rec, "schema", f"schema: {_short_error(exc)}")
+            return
+        try:
+            self.edge.check(short, value)
+        except ContractError as exc:
+            await self.reject(short, rec, exc.rule, f"contract {exc.rule}: {exc}")
             return
         try:
             await self._handler(short, value, rec)
         except (asyncio.CancelledError, DeliveryError, KafkaError):
             raise  # not the record's fault: it is not handled, and read again
         except Exception as exc:
-            log.exception("%s: handler failed on %s[%s]@%s", self.service, short, rec.partition, rec.offset)
+            # one line per record, rate-limited per kind (no traceback per record: DEBUG has it)
+            log.warning("%s: handler failed on %s[%s]@%s: %s: %s", self.service, short, rec.partition, rec.offset,
+                        type(exc).__name__, str(exc)[:300], extra={"rate_limited": True})  # fmt: skip
+            log.debug("handler traceback", exc_info=True)
             self._metrics.errors.labels("handler").inc()
             await self.dead_letter(short, rec, f"handler: {type(exc).__name__}: {exc}")
+
+    async def reject(self, short: str, rec: ConsumerRecord, rule: str, error: str) -> None:
+        """A record outside its topic's contract (``rule``: ``oversize``, ``schema``,
+        ``event-time``): dead-lettered when this service is the topic's edge
+        (:attr:`~gpuwarden.shared.topics.TopicSpec.edge`), else dropped; counted either way.
+
+        Raises:
+            DeliveryError: the broker did not confirm the dead letter (the record stays unhandled).
+        """
+        self.rejected += 1
+        self._metrics.rejected.labels(short, rule).inc()
+        if self.edge.is_edge(short):
+            await self.dead_letter(short, rec, error)
+            return
+        log.info("%s: dropping %s[%s]@%s outside the contract (%s; dead-lettered by its edge service): %s",
+                 self.service, short, rec.partition, rec.offset, rule, error[:200],
+                 extra={"rate_limited": True})  # fmt: skip
 
     async def dead_letter(self, short: str, rec: ConsumerRecord, error: str) -> None:
         """Publish ``rec`` to ``deadletter`` with ``error``; logs and counts it. A value over
@@ -328,7 +362,8 @@ class Consumer:
         Raises:
             DeliveryError: the broker did not confirm the dead letter (the record stays unhandled).
         """
-        log.warning("%s: dead-lettering %s[%s]@%s: %s", self.service, short, rec.partition, rec.offset, error[:300])
+        log.warning("%s: dead-lettering %s[%s]@%s: %s", self.service, short, rec.partition, rec.offset, error[:300],
+                    extra={"rate_limited": True})  # fmt: skip
         self._metrics.dead_lettered.labels(short).inc()
         topic = self._settings.topic(short)
         dl = dead_letter_of(self.service, topic, rec.partition, rec.offset, rec.key, rec.value, error, time.time())

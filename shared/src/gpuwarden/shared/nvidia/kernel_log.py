@@ -454,7 +454,7 @@ def parse_kmsg(text: str) -> list[GpuEvent]:
     """Every XID/SXID/lost-GPU event of a kernel log, NVIDIA driver r340 .. 595 (dmesg with any
     time format, ``journalctl -k``, ``/var/log/kern.log``, raw ``/dev/kmsg`` records).
 
-    Node is ``"-"`` (unknown); lines without a readable date (monotonic ``[ 12.3]``, raw
+    Node is ``unknown`` (a log names no Slurm node); lines without a readable date (monotonic ``[ 12.3]``, raw
     records) get ts 0.0; syslog stamps, which print no year, are read in the current year.
     Multi-line messages are joined (:class:`KernelLogParser`); each XID event carries the
     severity of its code in the XID table (:func:`~gpuwarden.shared.nvidia.xids.xid_severities`).
@@ -465,5 +465,5 @@ def parse_kmsg(text: str) -> list[GpuEvent]:
     if "\x00" in text:
         raise ValueError("kernel log: binary data (NUL bytes), not a text log")
     year = datetime.now(UTC).year
-    parser = KernelLogParser("-", source="file", year=year, severities=xid_severities())
+    parser = KernelLogParser("unknown", source="file", year=year, severities=xid_severities())
     return parser.feed_lines(text.splitlines(), 0.0)
