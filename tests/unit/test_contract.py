@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from gpuwarden.shared.bus import Consumer, MemoryPublisher, decode
 from gpuwarden.shared.contract import ContractError, EdgeCheck, event_time_of
+from gpuwarden.shared.eventtime import EventTimeGuard
 from gpuwarden.shared.logfilter import RateLimitFilter
 from gpuwarden.shared.metrics import ServiceMetrics
 from gpuwarden.shared.models import (
@@ -258,3 +259,23 @@ def test_a_log_record_is_one_line_and_a_flood_is_a_few_lines() -> None:
         r.rate_limited = True
         passed += flt.filter(r)
     assert passed == 10 and flt.suppressed_total == 9_990
+
+
+@pytest.mark.parametrize("topic", ["gpu.samples", "gpu.events", "slurm.jobs", "slurm.nodes", "health"])
+def test_every_generated_hostile_record_is_outside_the_contract(topic: str) -> None:
+    """The chaos bench's hostile records (gpuwarden.sim.hostile): each one is refused by the schema
+    or by the edge check of a reader whose topic progress is near the wall clock."""
+    from gpuwarden.sim.hostile import hostile_records
+
+    edge = EdgeCheck("x", wall=lambda: NOW)
+    edge.guards[topic] = EventTimeGuard(600, 365 * 86400, lambda: NOW, wall_only=True)
+    edge.guards[topic].watermark = NOW  # the topic's progress: now
+    values = list(hostile_records(topic, 2000, NOW))
+    assert len(set(values)) > 200  # varied, not one record repeated
+    for v in values:
+        try:
+            rec = decode(topic, v)
+        except (ValidationError, ValueError):
+            continue
+        with pytest.raises(ContractError):
+            edge.check(topic, rec)

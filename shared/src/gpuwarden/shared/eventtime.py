@@ -54,8 +54,9 @@ class EventTimeGuard:
         ]
         if refs and ts > max(refs) + self.max_ahead_s:
             self.rejected += 1
+            ref = "wall clock" if self.wall_only else "stream"
             raise ValueError(
-                f"event time of the {what} ({ts:.6g}) is {ts - max(refs):.6g}s ahead of the stream "
+                f"event time of the {what} ({ts:.6g}) is {ts - max(refs):.6g}s ahead of the {ref} "
                 f"(max {self.max_ahead_s:g}s): not allowed to move the watermark"
             )
         if self.watermark is not None and ts < self.watermark - self.max_behind_s:

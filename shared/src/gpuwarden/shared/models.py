@@ -186,8 +186,9 @@ NodeName = Annotated[str, Field(pattern=NODE_NAME_PATTERN, max_length=64, descri
 JobId = Annotated[str, Field(pattern=JOB_ID_PATTERN, max_length=240, description="Slurm job id (array tasks as 123_4)")]
 Token = Annotated[str, Field(pattern=TOKEN_PATTERN, max_length=128)]
 GpuIndex = Annotated[int, Field(ge=0, le=MAX_GPU_INDEX)]
-#: Free text from a tool (product names, process names, Slurm state words): one line, bounded.
-Text = Annotated[str, Field(max_length=256, pattern=r"^[^\x00-\x1f\x7f]*$")]
+#: Free text from a tool (product names, check names, Slurm state words): one line, bounded, no
+#: control or bidirectional formatting characters.
+Text = Annotated[str, Field(max_length=256, pattern=r"^[^\x00-\x1f\x7f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]*$")]
 Pct = Annotated[float | None, Field(ge=0, le=100)]
 
 

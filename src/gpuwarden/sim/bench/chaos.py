@@ -13,7 +13,10 @@ a simulated fleet (:class:`gpuwarden.demo.runner.Pipeline`). While the fleet's s
 4. ``outage``: every broker stopped (60 s; ``--short``: 12 s), then started again;
 5. ``fuzz``: on every input topic, non-JSON, truncated and schema-invalid records and one
    oversize record (over the services' 1,000,000-byte limit);
-6. ``forged``: 100 forged ``slurm.nodes`` records of nodes Slurm does not have;
+6. ``forged``: 100 forged ``slurm.nodes`` records of nodes Slurm does not have; then
+   ``hostile``: 10,000 (``--short``: 1,000) schema-shaped hostile records on each raw input
+   topic (:mod:`gpuwarden.sim.hostile`: ``ts=1e308`` and other time extremes, shell/control/bidi
+   node names, 65+ GPUs, job ids with shell characters...);
 7. ``foreign-drain``: a node drained by an admin before its fault (the remediator must leave
    it), and, on the same cluster in this process, a remediator whose first ``scontrol update``
    fails while an admin drains the node, 100 forged node records and 7 failures on a 20-node
@@ -24,7 +27,9 @@ Figures: ``injected`` (the scenario's expected failures), ``found`` (found in th
 pattern, node and GPU), ``duplicate drains`` (more than one executed drain of a node),
 ``foreign reasons overwritten`` (a drain reason not gpuwarden's that was replaced),
 ``fuzzed`` / ``dead-lettered`` (fuzz records injected / those that reached ``deadletter``),
-``crashes`` (a service exit the bench did not cause).
+``crashes`` (a service exit the bench did not cause), ``hostile`` / ``stopped at the edge`` /
+``leaked`` (hostile records injected / dead-lettered exactly once, by their topic's edge service
+(``TopicSpec.edge``) / dead-lettered by nobody: some reader took them as valid).
 """
 
 from __future__ import annotations
@@ -75,6 +80,9 @@ FUZZ_VALUES = (
     b"[1, 2, 3]",
 )
 OVERSIZE_BYTES = 1_010_000
+#: Schema-shaped hostile records per raw input topic (gpuwarden.sim.hostile): full run, --short.
+HOSTILE_PER_TOPIC = 10_000
+HOSTILE_PER_TOPIC_SHORT = 1_000
 
 
 @dataclass
@@ -92,6 +100,11 @@ class ChaosFigures:
     crashes: int = 0
     #: executed drains beyond the breaker's bound (forged node records must not widen it)
     over_breaker: int = 0
+    #: schema-shaped hostile records injected (gpuwarden.sim.hostile), those dead-lettered exactly
+    #: once by their topic's edge service, and those that no service refused (passed on)
+    hostile: int = 0
+    stopped_at_edge: int = 0
+    leaked: int = 0
     notes: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -101,7 +114,8 @@ def chaos_line(f: ChaosFigures) -> str:
     return (
         f"chaos: injected {f.injected}, found {f.found}, lost {f.lost}, duplicate failures {f.duplicate_failures}, "
         f"duplicate drains {f.duplicate_drains}, foreign reasons overwritten {f.foreign_overwritten}, "
-        f"fuzzed {f.fuzzed}, dead-lettered {f.dead_lettered}, crashes {f.crashes}"
+        f"fuzzed {f.fuzzed}, dead-lettered {f.dead_lettered}, crashes {f.crashes}, "
+        f"hostile {f.hostile}, stopped at the edge {f.stopped_at_edge}, leaked {f.leaked}"
     )
 
 
@@ -121,6 +135,11 @@ def chaos_failed(f: ChaosFigures) -> list[str]:
         (f.dead_lettered != f.fuzzed, f"dead-lettered {f.dead_lettered} of {f.fuzzed} fuzzed records"),
         (f.crashes, f"{f.crashes} crashes"),
         (f.over_breaker, f"{f.over_breaker} drains beyond the circuit breaker"),
+        (f.leaked, f"{f.leaked} hostile records passed on by every reader"),
+        (
+            f.stopped_at_edge != f.hostile,
+            f"{f.hostile - f.stopped_at_edge} of {f.hostile} hostile records not dead-lettered once by their edge",
+        ),
     ]
     return [why for bad, why in checks if bad]
 
@@ -174,6 +193,9 @@ class _Chaos:
         self.cluster: KRaftCluster | None = None
         self.pl: Pipeline | None = None
         self.injected: set[tuple[str, int, int]] = set()
+        #: (topic, partition, offset) of each hostile record -> its short topic name
+        self.hostile: dict[tuple[str, int, int], str] = {}
+        self.hostile_per_topic = HOSTILE_PER_TOPIC_SHORT if short else HOSTILE_PER_TOPIC
         self.t0 = time.monotonic()
 
     def say(self, msg: str) -> None:
@@ -278,6 +300,48 @@ class _Chaos:
             await p.stop()
         self.fig.fuzzed = len(self.injected)
         self.say(f"fuzz: {len(self.injected)} bad records on {len(FUZZ_TOPICS)} input topics; 100 forged node records")
+        await self.inject_hostile()
+
+    async def inject_hostile(self) -> None:
+        """``hostile_per_topic`` schema-shaped hostile records (:mod:`gpuwarden.sim.hostile`) on
+        each raw input topic, produced in batches while the pipeline runs."""
+        from aiokafka import AIOKafkaProducer
+
+        from gpuwarden.sim.hostile import HOSTILE_TOPICS, hostile_records
+
+        assert self.pl is not None and self.cluster is not None
+        p = AIOKafkaProducer(bootstrap_servers=self.cluster.bootstrap_servers, acks="all", linger_ms=20,
+                             max_request_size=2 << 20, request_timeout_ms=30000)  # fmt: skip
+        await p.start()
+        t = time.monotonic()
+        try:
+            for short in HOSTILE_TOPICS:
+                topic = f"{self.pl.prefix}{short}"
+                futs = [await p.send(topic, value=v, key=b"gpu-node-008")
+                        for v in hostile_records(short, self.hostile_per_topic, time.time())]  # fmt: skip
+                for md in await asyncio.gather(*futs):
+                    self.hostile[(topic, md.partition, md.offset)] = short
+        finally:
+            await p.stop()
+        self.fig.hostile = len(self.hostile)
+        self.say(f"hostile: {len(self.hostile)} schema-shaped records on {len(HOSTILE_TOPICS)} input topics "
+                 f"in {time.monotonic() - t:.1f} s")  # fmt: skip
+
+    def hostile_stopped(self) -> tuple[int, int, Counter[str]]:
+        """(dead-lettered exactly once by the topic's edge service, dead-lettered by nobody,
+        dead letters by service) of the hostile records."""
+        from gpuwarden.shared.topics import TOPICS
+
+        assert self.pl is not None
+        by_record: dict[tuple[str, int, int], list[str]] = {k: [] for k in self.hostile}
+        by_service: Counter[str] = Counter()
+        for d in self.pl.result.deadletters:
+            k = (str(d.get("source_topic")), int(d.get("partition", -1)), int(d.get("offset", -1)))
+            if k in by_record:
+                by_record[k].append(str(d.get("service")))
+                by_service[str(d.get("service"))] += 1
+        stopped = sum(1 for k, svcs in by_record.items() if svcs == [TOPICS[self.hostile[k]].edge])
+        return stopped, sum(1 for svcs in by_record.values() if not svcs), by_service
 
     def dead_lettered(self) -> tuple[int, Counter[str]]:
         assert self.pl is not None
@@ -484,6 +548,8 @@ class _Chaos:
             self.fig.foreign_overwritten += 1
         self._crashes_in_logs()
         self.fig.dead_lettered, by_service = self.dead_lettered()
+        self.fig.stopped_at_edge, self.fig.leaked, hostile_by = self.hostile_stopped()
+        self.fig.timings["dead letters of hostile records, by service"] = dict(hostile_by)  # type: ignore[assignment]
         self.fig.timings["dead letters of fuzz records, by service"] = dict(by_service)  # type: ignore[assignment]
         self.fig.timings["failures seen"] = len(fails)
         self.fig.timings["drains executed"] = sum(executed.values())

@@ -458,6 +458,7 @@ class Correlator:
             ts,
             self.window_grace_s,
             len(late),
+            extra={"rate_limited": True},  # a backlog after an outage: one line per 30 s, with a count
         )
 
     def _dead_letter(

@@ -359,8 +359,9 @@ class Consumer:
         """Publish ``rec`` to ``deadletter`` with ``error``; logs and counts it. A value over
         :data:`DEAD_LETTER_MAX_BYTES` goes by reference: its size and first bytes, ``truncated``.
 
-        Raises:
-            DeliveryError: the broker did not confirm the dead letter (the record stays unhandled).
+        The dead letter is confirmed with the batch's other outputs, before any offset that
+        covers ``rec`` is committed (a flood of bad records costs no round trip per record); if
+        the broker does not confirm it, nothing is committed and ``rec`` is read again.
         """
         log.warning("%s: dead-lettering %s[%s]@%s: %s", self.service, short, rec.partition, rec.offset, error[:300],
                     extra={"rate_limited": True})  # fmt: skip
@@ -368,7 +369,6 @@ class Consumer:
         topic = self._settings.topic(short)
         dl = dead_letter_of(self.service, topic, rec.partition, rec.offset, rec.key, rec.value, error, time.time())
         await self._producer.publish("deadletter", topic, dl)
-        await self._producer.flush()
 
 
 def _short_error(exc: Exception) -> str:
