@@ -306,3 +306,34 @@ async def test_correlator_over_mtls(secure_kafka: SecureKafka, monkeypatch: pyte
             proc.kill()
         if proc.stdout:
             proc.stdout.close()
+
+
+async def test_console_and_report_read_over_sasl_ssl(
+    secure_kafka: SecureKafka, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The console and ``gpuwarden report`` take the services' SASL/TLS settings (issue 27, point 3):
+    before, both built their consumer from the bootstrap servers alone and spoke plaintext."""
+    from gpuwarden.console.service import ConsoleService, ConsoleSettings
+    from gpuwarden.detector.report_cli import read_topics
+
+    prefix = "cons."
+    env = sasl_env(secure_kafka, GPUWARDEN_TOPIC_PREFIX=prefix)
+    assert _topics_create(env, prefix).returncode == 0
+    _set_env(monkeypatch, env)
+    s = BusSettings()
+    producer = Producer(s, ServiceMetrics("sec-console"))
+    await producer.start()
+    ui = ConsoleService(ConsoleSettings(http_port=0, console_token="s3cret-console-token"))
+    await ui.start()
+    try:
+        await producer.publish("failures", "gpu-node-002", make_failure(failure_id="sec-f1"))
+        await producer.confirm()
+        end = time.monotonic() + 30
+        while "sec-f1" not in ui.state.failures and time.monotonic() < end:
+            await asyncio.sleep(0.2)
+        assert "sec-f1" in ui.state.failures, "the console read nothing over SASL_SSL"
+        # the report command's reader: connects, reads job.reports (empty), knows nothing of job 7
+        assert await read_topics(s.bootstrap_servers, prefix, "7", False, 3.26, 10.0, s.kafka_kwargs()) is None
+    finally:
+        await ui.stop()
+        await producer.stop()

@@ -88,7 +88,7 @@ class ConsoleService(Service):
         full = {self.settings.topic(t): t for t in TOPICS}
         self._reader = AIOKafkaConsumer(
             *full,
-            bootstrap_servers=self.settings.bootstrap_servers,
+            **self.settings.kafka_kwargs(),  # bootstrap servers and the services' SASL/TLS settings
             client_id=f"{self.settings.client_id}-console",
             group_id=None,
             enable_auto_commit=False,

@@ -59,10 +59,18 @@ def load_report_file(path: Path, job_id: str) -> JobReport | None:
 
 
 async def read_topics(
-    bootstrap: str, prefix: str, job_id: str, rebuild: bool, price: float, timeout_s: float = 20.0
+    bootstrap: str,
+    prefix: str,
+    job_id: str,
+    rebuild: bool,
+    price: float,
+    timeout_s: float = 20.0,
+    kafka: dict[str, Any] | None = None,
 ) -> JobReport | None:
     """The job's latest published report, else (or with ``rebuild``) one built from its Slurm
     state, windows and failures on the topics; None when the topics know nothing of the job.
+    ``kafka``: the client's security settings (``BusSettings.kafka_kwargs()``; SASL/TLS as the
+    services use them), with ``bootstrap`` as its servers.
 
     Raises:
         aiokafka.errors.KafkaError: the broker is unreachable.
@@ -72,7 +80,7 @@ async def read_topics(
     from gpuwarden.shared.bus import decode
 
     names = ["job.reports", "slurm.jobs", "job.windows", "failures"] if rebuild else ["job.reports"]
-    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    c = AIOKafkaConsumer(**{**(kafka or {}), "bootstrap_servers": bootstrap}, group_id=None, enable_auto_commit=False)
     await c.start()
     latest: JobReport | None = None
     state: JobState | None = None
@@ -173,9 +181,10 @@ def report(
         s = BusSettings()
         bs, pf = bootstrap_servers or s.bootstrap_servers, prefix if prefix is not None else s.topic_prefix
         try:
-            rep = asyncio.run(read_topics(bs, pf, job_id, rebuild, price, timeout))
+            kw = s.kafka_kwargs()  # the same SASL/TLS settings as the services (GPUWARDEN_SECURITY_*...)
+            rep = asyncio.run(read_topics(bs, pf, job_id, rebuild, price, timeout, kw))
             if rep is None and not rebuild:  # nothing published yet: build it from the topics
-                rep = asyncio.run(read_topics(bs, pf, job_id, True, price, timeout))
+                rep = asyncio.run(read_topics(bs, pf, job_id, True, price, timeout, kw))
         except (KafkaError, OSError) as exc:
             err.print(f"[red]error:[/] cannot read the topics on {bs}: {exc}")
             raise typer.Exit(2) from exc
