@@ -307,6 +307,12 @@ async def _serve(factory: Callable[[], Lifecycle], ready: Callable[[], None] | N
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     service = factory()
+    settings = getattr(service, "settings", None)
+    if settings is not None:
+        from .settings import unknown_settings
+
+        for bad in unknown_settings(settings):  # a typo must not pass silently as "the default"
+            log.warning("unknown setting %s: ignored", bad)
     try:
         await service.start()
         tune_gc(getattr(service, "settings", None))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import ssl
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -242,3 +243,31 @@ class ServiceSettings(BusSettings):
     auto_offset_reset: Literal["earliest", "latest"] = Field(
         "earliest", description="Where a new consumer group starts: earliest|latest"
     )
+
+
+def unknown_settings(settings: BaseSettings, environ: Mapping[str, str] | None = None) -> list[str]:
+    """Environment variables that look like this service's settings but are none of them: a
+    ``GPUWARDEN_<T>_*`` variable where ``<T>`` begins one of the class's own field names
+    (``remediator``, ``collector``...) and the rest names no field, e.g. a mistyped
+    ``GPUWARDEN_REMEDIATOR_ENFORSE``. Each entry names the variable and its closest valid name.
+    Variables of other services' prefixes are left to those services."""
+    import difflib
+
+    env = os.environ if environ is None else environ
+    fields = set(type(settings).model_fields)
+    shared = set(ServiceSettings.model_fields)
+    own_prefixes = {f.split("_", 1)[0] for f in fields - shared if "_" in f}
+    out = []
+    for name in sorted(env):
+        up = name.upper()
+        if not up.startswith("GPUWARDEN_"):
+            continue
+        key = up[len("GPUWARDEN_") :].lower()
+        if key in fields or key.split("_", 1)[0] not in own_prefixes:
+            continue
+        prefix, _, rest = key.partition("_")
+        same = {f.partition("_")[2]: f for f in fields if f.startswith(prefix + "_")}
+        near = difflib.get_close_matches(rest, sorted(same), n=1, cutoff=0.6)  # the part after the prefix
+        hint = f" (did you mean GPUWARDEN_{same[near[0]].upper()}?)" if near else ""
+        out.append(f"{name}{hint}")
+    return out
