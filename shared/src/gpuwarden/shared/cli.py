@@ -42,6 +42,35 @@ topics_app = typer.Typer(help="Kafka topics of gpuwarden.", no_args_is_help=True
 app.add_typer(topics_app, name="topics")
 
 
+def versions() -> dict[str, str]:
+    """``{distribution: version}`` of every installed ``gpuwarden`` / ``gpuwarden-*`` package."""
+    from importlib.metadata import distributions
+
+    out = {}
+    for d in distributions():
+        name = (d.metadata["Name"] or "").lower()
+        if name == "gpuwarden" or name.startswith("gpuwarden-"):
+            out[name] = d.version
+    return dict(sorted(out.items()))
+
+
+def _version(value: bool) -> None:
+    if value:
+        vs = versions()
+        typer.echo(" ".join(f"{k} {v}" for k, v in vs.items()) or "gpuwarden (not installed as a package)")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the installed packages' versions"),
+    ] = False,
+) -> None:
+    """GPU cluster health monitoring, failure diagnosis and remediation for Slurm."""
+
+
 @topics_app.command("create")
 def topics_create(
     bootstrap_servers: Annotated[
@@ -174,7 +203,11 @@ def service_app(help: str, run_help: str, factory: Callable[[], Any]) -> typer.T
     """A service's typer app: without a subcommand it runs ``factory()`` (the service, built
     with its settings) under :func:`~gpuwarden.shared.service.run_service`; subcommands are
     added to the returned app. ``factory`` should import lazily so ``--help`` stays fast."""
-    sub = typer.Typer(help=help, invoke_without_command=True, no_args_is_help=False)
+    full = (
+        f"{help}\n\nWithout a command: {run_help} Settings: GPUWARDEN_* environment variables "
+        "(its README in services/ lists them); a mistyped one of its own is named at start."
+    )
+    sub = typer.Typer(help=full, invoke_without_command=True, no_args_is_help=False)
 
     def run(ctx: typer.Context) -> None:
         if ctx.invoked_subcommand is not None:
