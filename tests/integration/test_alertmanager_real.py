@@ -8,6 +8,7 @@ gpuwarden's own generic webhook body has the keys and types of Alertmanager's re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import socket
@@ -116,26 +117,53 @@ receivers:
 @pytest.fixture
 def alertmanager(receivers: tuple[Receivers, int], alertmanager_choice: ServerChoice, tmp_path: Path) -> Iterator[str]:
     """A real Alertmanager with SITE_CONFIG routing to ``receivers``; yields its base URL."""
-    if alertmanager_choice == "missing":
+    host = server_containers.HOST_FROM_CONTAINER if alertmanager_choice == "container" else "127.0.0.1"
+    with _run_alertmanager(SITE_CONFIG.format(host=host, port=receivers[1]), alertmanager_choice, tmp_path) as base:
+        yield base
+
+
+SHIPPED = Path(__file__).resolve().parents[2] / "deploy" / "alertmanager" / "alertmanager.yml"
+
+
+@pytest.fixture
+def shipped_alertmanager(
+    receivers: tuple[Receivers, int], alertmanager_choice: ServerChoice, tmp_path: Path
+) -> Iterator[str]:
+    """A real Alertmanager with the shipped deploy/alertmanager/alertmanager.yml: its routes and
+    inhibit rules as shipped, its two receivers pointed at ``receivers`` and its timers at 1 s."""
+    import yaml
+
+    host = server_containers.HOST_FROM_CONTAINER if alertmanager_choice == "container" else "127.0.0.1"
+    cfg = yaml.safe_load(SHIPPED.read_text())
+    cfg["route"].update(group_wait="1s", group_interval="1s")
+    for r in cfg["receivers"]:
+        for w in r.get("webhook_configs", []):
+            w["url"] = f"http://{host}:{receivers[1]}/{r['name']}"
+    with _run_alertmanager(yaml.safe_dump(cfg), alertmanager_choice, tmp_path) as base:
+        yield base
+
+
+@contextlib.contextmanager
+def _run_alertmanager(config: str, choice: ServerChoice, tmp_path: Path) -> Iterator[str]:
+    """Alertmanager (container or the Debian package's binary) with ``config``, checked by
+    ``amtool check-config`` first; yields its base URL once ready."""
+    if choice == "missing":
         give_up = pytest.fail if os.environ.get("CI") else pytest.skip  # .ci/run installs it
         give_up("Debian package prometheus-alertmanager not installed (listed in deploy/debian-packages.txt)")
-    in_container = alertmanager_choice == "container"
-    _, rport = receivers
     cfg = tmp_path / "alertmanager.yml"
-    host = server_containers.HOST_FROM_CONTAINER if in_container else "127.0.0.1"  # where it posts
-    cfg.write_text(SITE_CONFIG.format(host=host, port=rport))
+    cfg.write_text(config)
     check = shutil.which("amtool")  # in the same Debian package
     if check is None and os.environ.get("CI"):
         pytest.fail("amtool not installed (Debian package prometheus-alertmanager)")
     if check:
         res = subprocess.run([check, "check-config", str(cfg)], capture_output=True, text=True, timeout=30)
         assert res.returncode == 0, res.stdout + res.stderr
-    if in_container:
+    if choice == "container":
         with server_containers.alertmanager(cfg.read_text()) as base:
             yield base
         return
     binary = alertmanager_binary()
-    assert binary is not None  # alertmanager_choice said "local"
+    assert binary is not None  # the choice said "local"
     port = free_port()
     log = (tmp_path / "alertmanager.log").open("wb")
     proc = subprocess.Popen(
@@ -347,3 +375,42 @@ async def test_remediator_service_dry_run_xid79_reaches_alertmanager_as_critical
         rc = proc.wait(20)
         log.close()
     assert rc == 0, (tmp_path / "remediator.log").read_text()[-3000:]
+
+
+@pytest.mark.parametrize("remediator", [True, False], ids=["with-remediator-alerts", "prometheus-only"])
+async def test_one_xid79_is_one_page_with_the_shipped_alertmanager_config(
+    shipped_alertmanager: str, receivers: tuple[Receivers, int], remediator: bool
+) -> None:
+    """Issue 26, point 3: an XID 79 fires, for one node, what the shipped Prometheus rules and the
+    remediator send: GpuwardenFailureOpenFatal (gpu-fallen-off-bus), GpuwardenFailureOpenCritical
+    (a gpu-missing that was not folded), GpuwardenGpuLost and the remediator's GpuwardenNodeDrained.
+    With the shipped routes and inhibit rules the pager gets exactly one notification with one
+    alert (the remediator's), nothing opens a ticket, and the others show as inhibited."""
+    rec, _ = receivers
+    node = "gpu-node-003"
+    now = time.time()
+    prom = [
+        {"alertname": "GpuwardenFailureOpenFatal", "severity": "critical", "gpuwarden_severity": "fatal",
+         "node": node, "gpu": "5", "pattern": "gpu-fallen-off-bus", "job_id": "1001"},
+        {"alertname": "GpuwardenFailureOpenCritical", "severity": "critical", "gpuwarden_severity": "critical",
+         "node": node, "gpu": "", "pattern": "gpu-missing", "job_id": "1001"},
+        {"alertname": "GpuwardenGpuLost", "severity": "warning", "node": node, "job": "gpuwarden-otlp-bridge"},
+    ]  # fmt: skip
+    body = [{"labels": lb, "annotations": {"summary": lb["alertname"]}} for lb in prom]
+    async with aiohttp.ClientSession() as http, http.post(f"{shipped_alertmanager}/api/v2/alerts", json=body) as r:
+        assert r.status == 200, await r.text()
+    if remediator:
+        al = Alerter([AlertmanagerSink(SecretStr(shipped_alertmanager))], labels={"cluster": "prod-a"})
+        f = make_failure(node=node, gpu_index=5, severity=Severity.FATAL, first_seen=now - 5, last_seen=now)
+        assert await al.fire("GpuwardenNodeDrained", node, f.pattern, "fatal", f"would drain {node}", gpu=5,
+                             job_id="1001", dry_run=True, starts_at=f.first_seen, failure_id=f.failure_id)  # fmt: skip
+    await asyncio.sleep(6)  # group_wait 1 s, group_interval 1 s: several rounds
+    paged = "GpuwardenNodeDrained" if remediator else "GpuwardenFailureOpenFatal"
+    pages = rec.alerts("pager")
+    assert [(st, a["labels"]["alertname"]) for st, a in pages] == [("firing", paged)], pages
+    assert rec.alerts("ticket") == []
+    async with aiohttp.ClientSession() as http, http.get(f"{shipped_alertmanager}/api/v2/alerts") as r:
+        shown = {a["labels"]["alertname"]: a["status"] for a in await r.json()}
+    assert shown[paged]["state"] == "active"
+    others = {"GpuwardenFailureOpenFatal", "GpuwardenFailureOpenCritical", "GpuwardenGpuLost"} - {paged}
+    assert all(shown[n]["state"] == "suppressed" and shown[n]["inhibitedBy"] for n in others), shown
