@@ -204,19 +204,27 @@ def settings_table(cls: type[BaseModel], base: type[BaseModel] | None = None) ->
     return "\n".join(lines)
 
 
-def topics_table() -> str:
+def topics_table(schemas: str = "schemas") -> str:
     """The markdown table of the topic registry: topic, key, schema (a link to its JSON
-    Schema in docs/schemas), producers, consumers (service folders under ``services/``),
-    partitions and what the topic carries."""
+    Schema in docs/schemas; ``schemas`` is that folder relative to the page), producers,
+    consumers (service folders under ``services/``), the service that dead-letters its records
+    outside the contract (``TopicSpec.edge``), partitions and what the topic carries."""
     lines = [
-        "| topic | key | schema | producers | consumers | partitions | carries |",
-        "|---|---|---|---|---|---|---|",
+        "| topic | key | schema | producers | consumers | dead-lettered by | partitions | carries |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for spec in TOPICS.values():
-        schema = f"[`{spec.model.__name__}`](schemas/{spec.model.__name__}.json)" if spec.model else "internal"
+        schema = f"[`{spec.model.__name__}`]({schemas}/{spec.model.__name__}.json)" if spec.model else "internal"
         prod = ", ".join(spec.producers) or "-"
         cons = ", ".join(spec.consumers) or "- (operators: `gpuwarden` has no reader)"
-        cells = [f"`{spec.name}`", spec.key, schema, prod, cons, str(spec.partitions), _cell(spec.description)]
+        edge = (
+            {"none": "nobody (read whole by every worker: logged, counted)", None: "each reader"}.get(
+                spec.edge, spec.edge
+            )
+            if spec.consumers
+            else "-"
+        )
+        cells = [f"`{spec.name}`", spec.key, schema, prod, cons, edge, str(spec.partitions), _cell(spec.description)]
         lines.append(f"| {' | '.join(cells)} |")
     return "\n".join(lines)
 
@@ -235,6 +243,7 @@ def blocks() -> dict[str, dict[str, str]]:
             "settings:service": settings_table(ServiceSettings, BusSettings),
         }
     }
+    out["README.md"] = {"topics": topics_table("docs/schemas")}
     for svc in SERVICES:
         out.setdefault(svc.readme, {})["settings"] = settings_table(settings_class(svc), svc.base)
     return out

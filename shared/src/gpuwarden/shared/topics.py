@@ -38,7 +38,8 @@ class TopicSpec:
     #: The service that dead-letters a record of this topic outside its contract (schema or
     #: :mod:`gpuwarden.shared.contract`): the first that reads it. Other readers drop such a
     #: record and count it, so it is dead-lettered once. ``None``: every reader dead-letters (a
-    #: topic with one reader, or written only by gpuwarden's own validated outputs).
+    #: topic with one reader, or written only by gpuwarden's own validated outputs); ``"none"``:
+    #: nobody (every worker reads the topic whole, so each logs and counts a bad record instead).
     edge: str | None = None
 
     def full(self, prefix: str) -> str:
@@ -105,6 +106,7 @@ TOPICS: dict[str, TopicSpec] = {
             {"retention.ms": _DAY_MS},
             producers=("slurm-watcher",),
             consumers=("correlator",),
+            edge="none",
         ),
         TopicSpec(
             "correlator.windows",
