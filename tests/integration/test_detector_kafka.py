@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from pathlib import Path
 
 import orjson
 import pytest
@@ -60,3 +61,47 @@ async def test_detector_end_to_end_on_kafka(bus_env: dict[str, str]) -> None:
         await p.stop()
         await svc.stop()
         await svc.stop()  # stop twice is safe
+
+
+@pytest.mark.parametrize("damage", [b"", b"\x80\x04 not a snapshot", None], ids=["empty", "damaged", "missing"])
+async def test_a_lost_state_file_keeps_the_failure_id_of_an_open_episode(
+    bus_env: dict[str, str], tmp_path: Path, damage: bytes | None
+) -> None:
+    """Issue 25, point 4: XID 79 opens a failure; the detector stops and its state file is then
+    empty, damaged or gone; the same GPU's XID 79 again (inside the rule's burst window) after the
+    restart is the same failure (same id, two occurrences), read back from `failures`, not a
+    second one."""
+    bs, prefix = bus_env["GPUWARDEN_BOOTSTRAP_SERVERS"], bus_env["GPUWARDEN_TOPIC_PREFIX"]
+    state = tmp_path / "detector.state"
+    ev = GpuEvent(event_id="a1", node="gpu-node-001", ts=1000.0, kind=EventKind.XID, code=79, gpu_index=1,
+                  pci_bus_id="0000:44:00.0", message="GPU has fallen off the bus", raw=RAW, source="test")  # fmt: skip
+    job = GpuAttribution(gpu_index=1, job_id="7", user="u", job_gpus=2)
+    p = AIOKafkaProducer(bootstrap_servers=bs)
+    await p.start()
+    try:
+        svc = DetectorService(DetectorSettings(detector_state_file=state))
+        await svc.start()
+        try:
+            await p.send_and_wait(f"{prefix}gpu.events.attributed", AttributedEvent(event=ev, job=job).to_json(),
+                                  key=b"gpu-node-001")  # fmt: skip
+            [first] = [Failure.model_validate_json(v) for v in await read(bs, f"{prefix}failures", 1)]
+        finally:
+            await svc.stop()
+        if damage is None:
+            state.unlink(missing_ok=True)
+        else:
+            state.write_bytes(damage)
+        svc = DetectorService(DetectorSettings(detector_state_file=state))
+        await svc.start()
+        try:
+            assert not svc.durable.restored and len(svc.detector.episodes) == 1  # adopted from `failures`
+            again = ev.model_copy(update={"event_id": "a2", "ts": 1400.0})
+            await p.send_and_wait(f"{prefix}gpu.events.attributed", AttributedEvent(event=again, job=job).to_json(),
+                                  key=b"gpu-node-001")  # fmt: skip
+            fails = [Failure.model_validate_json(v) for v in await read(bs, f"{prefix}failures", 2)]
+        finally:
+            await svc.stop()
+    finally:
+        await p.stop()
+    assert [f.failure_id for f in fails] == [first.failure_id] * 2, fails
+    assert fails[1].occurrences == 2 and fails[1].last_seen == 1400.0 and fails[1].job_id == "7"

@@ -176,3 +176,20 @@ def test_a_state_file_that_names_code_is_refused_and_runs_nothing(tmp_path: Path
     assert not svc.durable.restored and not Path("/tmp/gpuwarden-pwned").exists()
     with pytest.raises(ValueError, match="refused"):
         svc.detector.restore(path.read_bytes())
+
+
+def test_adopt_takes_back_open_event_failures_only() -> None:
+    """Detector.adopt (a lost state file, issue 25): an open XID failure is its episode again; a
+    resolved one, a condition's, an unknown rule's or one already known is not."""
+    from gpuwarden.detector import Detector, load_catalog
+    from gpuwarden.shared.models import AttributedEvent, EventKind, FailureState, GpuEvent
+
+    raw = "NVRM: Xid (PCI:0000:44:00): 79, pid=1, GPU has fallen off the bus."
+    ev = GpuEvent(event_id="e1", node="n1", ts=T0, kind=EventKind.XID, code=79, gpu_index=2, raw=raw, source="t")
+    [f] = Detector(load_catalog()).on_event(AttributedEvent(event=ev))
+    d = Detector(load_catalog())
+    assert not d.adopt(f.model_copy(update={"state": FailureState.RESOLVED}))
+    assert not d.adopt(f.model_copy(update={"rule_id": "no-such-rule"}))
+    assert d.adopt(f) and not d.adopt(f)  # once
+    [again] = d.on_event(AttributedEvent(event=ev.model_copy(update={"event_id": "e2", "ts": T0 + 300})))
+    assert again.failure_id == f.failure_id and again.occurrences == 2

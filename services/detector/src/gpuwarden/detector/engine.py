@@ -42,6 +42,7 @@ from gpuwarden.shared.allocations import (
 from gpuwarden.shared.models import (
     AttributedEvent,
     AttributedSample,
+    EventKind,
     Evidence,
     Failure,
     FailureState,
@@ -390,6 +391,59 @@ class Detector:
             return [self._emit(ep)]
         ep.pending = True
         return []
+
+    def adopt(self, f: Failure) -> bool:
+        """Take back an open failure of an event rule that this detector published before it lost
+        its state (read back from ``failures`` at start: the state file was empty, damaged or
+        missing): its episode is open again under the same ``failure_id``, so the next matching
+        event within the rule's burst window folds into it instead of opening a second failure
+        for the same episode, and its later update or resolve is one its consumers know.
+
+        Returns True when adopted; False for a resolved failure, a rule this catalog does not
+        have or that is not an event rule, or an episode this detector already has.
+        """
+        if f.state is not FailureState.OPEN:
+            return False
+        rule = next((r for r in self.catalog.rules if r.id == f.rule_id), None)
+        if rule is None or rule.match.event not in ("xid", "sxid"):
+            return False
+        code = next((e.value for e in f.evidence if e.signal == rule.match.event and isinstance(e.value, int)), None)
+        raw = next((e.source for e in f.evidence if e.signal == rule.match.event), "")
+        first = GpuEvent(
+            event_id=f"adopted-{f.failure_id}",
+            node=f.node,
+            ts=f.first_seen,
+            kind=EventKind(rule.match.event),
+            code=code if code is not None else (rule.match.codes[0] if rule.match.codes else None),
+            gpu_index=f.gpu_index,
+            pci_bus_id=f.pci_bus_id,
+            gpu_uuid=f.gpu_uuid,
+            raw=raw[:4096],
+            source="failures",
+        )
+        key = (rule.id, f.node, _gpu_key(first))
+        if key in self.episodes:
+            return False
+        job = (
+            GpuAttribution(gpu_index=f.gpu_index, job_id=f.job_id, user=f.user, partition=f.partition)
+            if f.job_id is not None and f.gpu_index is not None
+            else None
+        )
+        info = self._gpus.get((f.node, f.gpu_index)) if f.gpu_index is not None else None
+        self.episodes[key] = Episode(
+            rule=rule,
+            first=first,
+            job=job,
+            info=info,
+            last_seen=f.last_seen,
+            occurrences=f.occurrences,
+            evidence=list(f.evidence[:MAX_EVIDENCE]),
+            last_emitted=f.last_seen,
+            failure=f,
+        )
+        self._stage.latest[f.failure_id] = f
+        self._stage.published[f.failure_id] = f.last_seen
+        return True
 
     def flush(self) -> list[Failure]:
         """The end of a finite stream (a recording, a scenario): the latest version of every

@@ -78,6 +78,8 @@ class DetectorService(Service):
         ]
 
     async def on_start(self) -> None:
+        # a state file that was empty, damaged or missing: its open episodes come back from `failures`
+        await self.durable.adopt_published(self.settings, self.durable.settings.detector_adopt_lookback_s)
         # Two lanes (.lanes): events and Slurm state never wait behind a sample backlog.
         # the sample lane batches its fetches (up to 100 ms): XIDs are in the event lane
         self.durable.attach(self.consume(list(SAMPLE_LANE), self.handle, fetch_min_bytes=256 * 1024))

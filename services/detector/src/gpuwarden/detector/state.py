@@ -13,6 +13,8 @@ state that survives a restart.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -45,6 +47,12 @@ class DurabilitySettings(BaseModel):
     )
     detector_state_file: Path | None = Field(
         None, description="File keeping condition state and open episodes across restarts (None = memory only)"
+    )
+    detector_adopt_lookback_s: float = Field(
+        7 * 86400.0,
+        ge=0,
+        description="Without a usable state file, how far back (broker time) the detector reads its own open "
+        "failures from `failures` at start to keep their ids (0: never), s",
     )
     detector_state_interval_s: float = Field(
         5.0, ge=0, description="Min wall time between state writes (offsets are committed only with a write), s"
@@ -134,3 +142,51 @@ class DetectorDurability:
     def attach(self, consumer: Consumer) -> None:
         """Make ``consumer`` commit only together with a state write."""
         consumer.before_commit = self.before_commit
+
+    async def adopt_published(self, bus: Any, lookback_s: float, timeout_s: float = 30.0) -> int:
+        """With a state file configured but not restored (absent, empty or damaged): read the
+        failures published in the last ``lookback_s`` (broker time) from ``failures`` and adopt the
+        ones whose latest version is still open (:meth:`Detector.adopt`), so a repeated XID of a
+        known episode keeps its ``failure_id``. ``bus``: the service's ``BusSettings``. Returns how
+        many were adopted; a broker that does not answer in ``timeout_s`` adopts nothing (logged).
+        """
+        if self.settings.detector_state_file is None or self.restored or lookback_s <= 0:
+            return 0
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        from gpuwarden.shared.bus import decode
+        from gpuwarden.shared.models import Failure
+
+        topic = bus.topic("failures")
+        c = AIOKafkaConsumer(**bus.kafka_kwargs(), group_id=None, enable_auto_commit=False)
+        latest: dict[str, Failure] = {}
+        try:
+            await c.start()
+            md = await c._client.fetch_all_metadata()  # an unassigned consumer knows no partitions yet
+            tps = [TopicPartition(topic, p) for p in sorted(md.partitions_for_topic(topic) or ())]
+            c.assign(tps)
+            ends = await c.end_offsets(tps) if tps else {}
+            since = await c.offsets_for_times({tp: int((time.time() - lookback_s) * 1000) for tp in tps}) if tps else {}
+            for tp in tps:
+                ot = since.get(tp)
+                c.seek(tp, ot.offset if ot is not None else ends[tp])
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline and any([await c.position(tp) < ends[tp] for tp in tps]):
+                for recs in (await c.getmany(timeout_ms=500, max_records=2000)).values():
+                    for r in recs:
+                        try:
+                            f = decode("failures", r.value)
+                        except ValueError:
+                            continue  # not ours to judge: the topic's readers dead-letter it
+                        assert isinstance(f, Failure)
+                        latest[f.failure_id] = f
+        except Exception as exc:  # the service runs without it: ids may repeat, as before
+            log.warning("detector: could not read back open failures (%s: %s)", type(exc).__name__, exc)
+        finally:
+            # aiokafka's consumer may surface its own cancelled commit-reset task here
+            with contextlib.suppress(asyncio.CancelledError):
+                await c.stop()
+        n = sum(self.detector.adopt(f) for f in latest.values())
+        log.info("detector: no usable state file; adopted %d open failures of %d read back from %s", n,
+                 len(latest), topic)  # fmt: skip
+        return n
