@@ -217,13 +217,14 @@ def topics_table(schemas: str = "schemas") -> str:
         schema = f"[`{spec.model.__name__}`]({schemas}/{spec.model.__name__}.json)" if spec.model else "internal"
         prod = ", ".join(spec.producers) or "-"
         cons = ", ".join(spec.consumers) or "- (operators: `gpuwarden` has no reader)"
-        edge = (
-            {"none": "nobody (read whole by every worker: logged, counted)", None: "each reader"}.get(
-                spec.edge, spec.edge
-            )
-            if spec.consumers
-            else "-"
-        )
+        if not spec.consumers:
+            edge = "-"
+        elif spec.edge is None:
+            edge = "each reader"
+        elif spec.edge == "none":
+            edge = "nobody (read whole by every worker: logged, counted)"
+        else:
+            edge = spec.edge
         cells = [f"`{spec.name}`", spec.key, schema, prod, cons, edge, str(spec.partitions), _cell(spec.description)]
         lines.append(f"| {' | '.join(cells)} |")
     return "\n".join(lines)
