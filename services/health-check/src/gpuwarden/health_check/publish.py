@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from gpuwarden.shared.bus import ProducerLike
-from gpuwarden.shared.models import HealthCheckResult
+from gpuwarden.shared.models import MAX_LINE_CHARS, HealthCheckResult
 
 from .checks import CheckResult, Context, Status
 
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 def to_models(results: Sequence[CheckResult], ctx: Context, ts: float) -> list[HealthCheckResult]:
     """One :class:`HealthCheckResult` per check. ``passed`` is True for OK and WARNING (a warning
-    does not fail a node); ``detail`` is ``"<STATUS>: <reason>"``."""
+    does not fail a node); ``detail`` is ``"<STATUS>: <reason>"``, cut to the topic's 4,096 characters."""
     return [
         HealthCheckResult(
             node=ctx.node,
@@ -35,7 +35,7 @@ def to_models(results: Sequence[CheckResult], ctx: Context, ts: float) -> list[H
             passed=r.status in (Status.OK, Status.WARNING),
             job_id=ctx.job_id,
             gpu_index=r.gpu_index,
-            detail=f"{r.status.name}: {r.reason}",
+            detail=f"{r.status.name}: {r.reason}"[:MAX_LINE_CHARS],  # the topic's bound (a tool's long output)
             duration_s=r.duration_s,
         )
         for r in results
