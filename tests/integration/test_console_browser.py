@@ -23,6 +23,7 @@ import pytest
 from gpuwarden.console.service import ConsoleService, ConsoleSettings
 from gpuwarden.demo.runner import Pipeline
 from gpuwarden.shared.scenario import load_scenario
+from prerequisites import give_up
 
 pytestmark = pytest.mark.integration
 
@@ -34,9 +35,7 @@ def chromium() -> str:
     """The chromium binary; missing: a failure in CI (.ci/run installs it), else a skip."""
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if exe is None:
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(
-            "chromium is not installed (apt-get install chromium; deploy/debian-packages.txt)"
-        )
+        give_up("chromium is not installed (apt-get install chromium; deploy/debian-packages.txt)")
     assert exe is not None
     return exe
 

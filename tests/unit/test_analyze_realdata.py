@@ -8,13 +8,13 @@ idle-allocation / partial-idle-allocation, the kernel logs their XID patterns.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from gpuwarden.collector.recordings import gpu_spec, load_recording
 from gpuwarden.demo.analyze import AnalyzeResult, analyze_recording, fill_from_spec
+from prerequisites import need_path
 
 REALDATA = Path(__file__).resolve().parents[2].parent / "shared" / "realdata"
 PLATO_COLUMNS = "timestamp,utilization.gpu,utilization.memory,memory.used,memory.free,temperature.gpu,power.draw"
@@ -53,10 +53,7 @@ DISRUPTIVE = {"drain", "reboot", "reset-gpu", "restart-job", "rma"}
 
 
 def _need_realdata() -> None:
-    if not REALDATA.is_dir():
-        if os.environ.get("CI"):
-            pytest.fail(f"{REALDATA} is missing (CI has ../shared)")
-        pytest.skip(f"{REALDATA} not present")
+    need_path(REALDATA)
 
 
 def _analyze(name: str, model: str | None, columns: str | None) -> AnalyzeResult:

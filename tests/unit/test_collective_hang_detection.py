@@ -8,7 +8,6 @@ the rule then opens after its ``for_s`` (150 s); with the power limit alone to g
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from gpuwarden.detector import Detector, load_catalog
 from gpuwarden.detector.conditions import Hang
 from gpuwarden.shared.models import Failure, FailureState, JobWindow
 from gpuwarden.shared.scenario import load_scenario
+from prerequisites import need_path
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITE = ROOT / "tests" / "scenarios"
@@ -60,10 +60,7 @@ def test_a_collective_hang_scenario_is_found_within_180_s_of_event_time(name: st
 
 
 def _need_realdata() -> None:
-    if not REALDATA.is_dir():
-        if os.environ.get("CI"):
-            pytest.fail(f"{REALDATA} is missing (CI has ../shared)")
-        pytest.skip(f"{REALDATA} not present")
+    need_path(REALDATA)
 
 
 @pytest.mark.parametrize("stem", sorted(CHECKPOINT_RECORDINGS))

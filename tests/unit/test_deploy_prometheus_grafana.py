@@ -7,14 +7,14 @@ rules file; every dashboard expression parses (``promtool check rules`` on a gen
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
+
+from prerequisites import give_up
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "gpuwarden-rules.yml"
@@ -26,7 +26,6 @@ PROMETHEUS_OWN = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}  # 
 def promtool() -> str:
     path = shutil.which("promtool")
     if path is None:
-        give_up = pytest.fail if os.environ.get("CI") else pytest.skip  # .ci/run installs `prometheus`
         give_up("promtool not installed (Debian package prometheus, in deploy/debian-packages.txt)")
     return str(path)
 

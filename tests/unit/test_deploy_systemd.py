@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from prerequisites import give_up
+
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = ROOT / "deploy" / "systemd"
 SERVICES = ["collector", "otlp-bridge", "slurm-watcher", "correlator", "correlator-events", "detector", "remediator"]
@@ -47,7 +49,6 @@ def settings_class(service: str) -> Any:
 def systemd_analyze() -> str:
     path = shutil.which("systemd-analyze")
     if path is None:
-        give_up = pytest.fail if os.environ.get("CI") else pytest.skip
         give_up("systemd-analyze not installed (Debian package systemd)")
     return str(path)
 

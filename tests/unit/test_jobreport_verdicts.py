@@ -31,6 +31,7 @@ from gpuwarden.shared.models import (
     dumps,
 )
 from gpuwarden.shared.scenario import load_scenario
+from prerequisites import need_path
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
 GPUS = {"n1": [0, 1], "n2": [0, 1]}
@@ -292,9 +293,7 @@ REALDATA = Path(__file__).resolve().parents[2].parent / "shared" / "realdata"
 
 def test_a_real_kernel_log_with_a_memory_error_is_not_nothing_to_do() -> None:
     """Through the real kernel-log path (``gpuwarden analyze`` of gpud's dmesg with XID 48/63/94)."""
-    path = REALDATA / "xid-kernel-logs-gpud" / "dmesg.0.log"
-    if not path.is_file():
-        pytest.skip(f"{path} not present")
+    path = need_path(REALDATA / "xid-kernel-logs-gpud" / "dmesg.0.log")
     from gpuwarden.collector.recordings import load_recording
     from gpuwarden.demo.analyze import analyze_recording
 

@@ -10,7 +10,6 @@ there, never copied into the repository.
 from __future__ import annotations
 
 import gzip
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import pytest
 
 from gpuwarden.collector.recordings import Recording, detect_encoding, load_recording, read_text
 from gpuwarden.demo.analyze import analyze_recording, fill_from_spec
+from prerequisites import need_path
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 REALDATA = Path(__file__).resolve().parents[2].parent / "shared" / "realdata"
@@ -195,10 +195,7 @@ PLATO_COLUMNS = "timestamp,utilization.gpu,utilization.memory,memory.used,memory
 
 
 def _need_realdata() -> None:
-    if not REALDATA.is_dir():
-        if os.environ.get("CI"):
-            pytest.fail(f"{REALDATA} is missing (CI has ../shared)")
-        pytest.skip(f"{REALDATA} not present")
+    need_path(REALDATA)
 
 
 def _real_csvs() -> list[str]:

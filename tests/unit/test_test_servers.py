@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import os
 import re
 import socket
 import threading
@@ -18,6 +17,7 @@ import pytest
 import yaml
 
 import server_containers
+from prerequisites import give_up
 from servers import (
     ServerChoiceError,
     choose_kafka,
@@ -402,7 +402,6 @@ def test_the_prom_images_are_the_versions_of_the_local_packages(image: str, bina
     path = shutil.which(binary)
     if path is None:
         # .ci/run installs the Debian package (deploy/debian-packages.txt): there a missing one fails
-        give_up = pytest.fail if os.environ.get("CI") else pytest.skip
         give_up(f"{binary} not installed (Debian package {binary}): nothing to compare {image} with")
     out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
     [version] = re.findall(r"version (\d+\.\d+\.\d+)", out.stdout + out.stderr)[:1]
