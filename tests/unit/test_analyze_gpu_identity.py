@@ -213,18 +213,14 @@ def test_two_kernel_logs_alone_keep_one_node_and_one_bus_id(tmp_path: Path) -> N
     assert [j.job_id for j in res.jobs] == ["recording-1", "recording-2"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="episodes and repeat history are now kept by PCI bus id when the index is unknown, but a "
-    "kernel log alone reaches the repeat rule without a job: the run's job (no GPUs) does not cover "
-    "the event when it is evaluated (job attribution of a GPU-less allocation; issue 24 note)",
-)
 def test_two_kernel_logs_alone_find_the_repeat_offender(tmp_path: Path) -> None:
     res = _run(
         _log(tmp_path / "monday.log", (184.0, XID13.format(pid=1234))),
         _log(tmp_path / "tuesday.log", (7384.0, XID13.format(pid=4321))),
     )
-    assert "repeat-offender-gpu" in {f.pattern for f in res.sorted_failures()}
+    [rep] = [f for f in res.sorted_failures() if f.pattern == "repeat-offender-gpu"]
+    assert (rep.node, rep.pci_bus_id, rep.job_id) == ("recorded-node", "0000:9b:00.0", "recording-2")
+    assert "recording-1, recording-2" in rep.verdict
 
 
 def test_report_lists_each_run_as_a_job(tmp_path: Path) -> None:

@@ -121,12 +121,14 @@ def fan_out(job: JobState) -> list[Allocation]:
     ]
 
 
-def apply_allocation(allocs: NodeAllocations, new: Allocation) -> dict[str, Allocation]:
+def apply_allocation(allocs: NodeAllocations, new: Allocation, *, keep_gpuless: bool = False) -> dict[str, Allocation]:
     """The node's allocations after ``new`` (a new dict; ``allocs`` is not changed).
 
     Stale records (older ``ts`` than the one held) are ignored, so redelivery and
     out-of-order snapshots converge. A closing record without GPU indices keeps the
-    indices already known. A record without GPUs for an unknown job is not stored.
+    indices already known. A record without GPUs for an unknown job is not stored, unless
+    ``keep_gpuless``: a reader that attributes node-wide events (the detector) keeps it as
+    "this job holds the node, GPU indices unknown"; it never attributes a GPU.
     """
     out = dict(allocs)
     old = out.get(new.job_id)
@@ -134,6 +136,8 @@ def apply_allocation(allocs: NodeAllocations, new: Allocation) -> dict[str, Allo
         return out
     if not new.gpus:
         if old is None:
+            if keep_gpuless:
+                out[new.job_id] = new
             return out
         new = new.model_copy(
             update={"gpus": old.gpus, "start_ts": new.start_ts if new.start_ts is not None else old.start_ts}

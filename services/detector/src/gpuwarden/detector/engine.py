@@ -318,7 +318,8 @@ class Detector:
             if job.job_id in self._job_ctx:
                 self._job_ctx[job.job_id].start_ts = job.start_ts
         for a in fan_out(job):
-            self._allocs[a.node] = expire(apply_allocation(self._allocs.get(a.node, {}), a), job.ts, self.retention_s)
+            held = apply_allocation(self._allocs.get(a.node, {}), a, keep_gpuless=True)
+            self._allocs[a.node] = expire(held, job.ts, self.retention_s)
             nodes.add(a.node)
         out = []
         if base_state(job.state) not in ACTIVE_STATES | PENDING_STATES:
@@ -692,8 +693,11 @@ class Detector:
 
     def _node_job(self, node: str, ts: float) -> GpuAttribution | None:
         """The job on ``node`` at ``ts`` when there is exactly one (a node-wide event, or one
-        whose GPU is unknown, is that job's); None when there is none or several."""
+        whose GPU is unknown, is that job's); None when there is none or several. Jobs with
+        known GPUs come first; a job whose GPU indices Slurm did not give (a kernel log alone
+        in ``analyze``, a GRES without indices) counts only when no job with GPUs holds the node."""
         held = [a for a in self._allocs.get(node, {}).values() if a.covers(ts)]
+        held = [a for a in held if a.gpus] or held
         if len({a.job_id for a in held}) != 1:
             return None
         a = held[0]
