@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from factories import make_failure
 from gpuwarden.detector.jobreport import JobReporter, build_job_report, is_loss
@@ -250,23 +250,34 @@ async def test_detector_service_publishes_running_and_final_reports() -> None:
     assert [k for t, k, _ in out.sent if t == "job.reports"] == ["7", "7"]
 
 
-def test_report_command_reads_a_run_report_and_prints_markdown(tmp_path: Path) -> None:
+def _run_file(tmp_path: Path, rep: JobReport) -> Path:
+    """A run report file (``gpuwarden demo --report``'s shape) holding ``rep``."""
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"scenario": "x", "job_reports": [rep.model_dump(mode="json")]}))
+    return path
+
+
+def _report_cli(*args: str) -> Result:
+    """``gpuwarden report ARGS`` through typer's test runner."""
     import typer
 
     from gpuwarden.detector.report_cli import report
 
-    rep = build_job_report(job(), windows(), [], 3.26, as_of=T0 + 100)
-    path = tmp_path / "r.json"
-    path.write_text(json.dumps({"scenario": "x", "job_reports": [rep.model_dump(mode="json")]}))
     app = typer.Typer()
     app.command()(report)
-    res = CliRunner().invoke(app, ["7", "--file", str(path), "--markdown"])
+    return CliRunner().invoke(app, list(args))
+
+
+def test_report_command_reads_a_run_report_and_prints_markdown(tmp_path: Path) -> None:
+    rep = build_job_report(job(), windows(), [], 3.26, as_of=T0 + 100)
+    path = _run_file(tmp_path, rep)
+    res = _report_cli("7", "--file", str(path), "--markdown")
     assert res.exit_code == 0, res.output
     assert "| **total** | **0.111111** | **0.36** | 100 % | | |" in res.output
     assert res.output == render_markdown(rep)
-    res = CliRunner().invoke(app, ["7", "--file", str(path), "--json"])
+    res = _report_cli("7", "--file", str(path), "--json")
     assert res.exit_code == 0 and JobReport.model_validate_json(res.output) == rep
-    res = CliRunner().invoke(app, ["8", "--file", str(path)])
+    res = _report_cli("8", "--file", str(path))
     assert res.exit_code == 1
 
 
@@ -274,21 +285,13 @@ def test_markdown_report_escapes_hostile_names_and_text(tmp_path: Path) -> None:
     """Issue 25: ``gpuwarden report --markdown`` with a job name, verdict, advice and a GPU row
     carrying Markdown/HTML, a newline and a bidi override: every line keeps its shape, nothing
     opens a link or inline HTML, the override is printed as an escape."""
-    import typer
-
-    from gpuwarden.detector.report_cli import report
-
     rep = build_job_report(job(), windows(), [], 3.26, as_of=T0 + 100)
     evil = "x | y <img src=x onerror=alert(1)> [link](http://evil) \u202etxt\n# forged heading"
     g0 = rep.per_gpu[0].model_copy(update={"node": f"gpu-node-001 | {evil}"})
     rep = rep.model_copy(
         update={"name": evil, "verdict": evil, "recommendations": [evil], "per_gpu": [g0, *rep.per_gpu[1:]]}
     )
-    path = tmp_path / "r.json"
-    path.write_text(json.dumps({"scenario": "x", "job_reports": [rep.model_dump(mode="json")]}))
-    app = typer.Typer()
-    app.command()(report)
-    res = CliRunner().invoke(app, ["7", "--file", str(path), "--markdown"])
+    res = _report_cli("7", "--file", str(_run_file(tmp_path, rep)), "--markdown")
     assert res.exit_code == 0, res.output
     md = res.output
     assert "\u202e" not in md and "\\u202e" in md
