@@ -244,9 +244,11 @@ def test_whole_nvml_lost_one_event_empty_samples_and_retry(call: str, code: int)
     assert s1.gpus == [] and s2.gpus == []
     lost = [e for e in src._pending if e.kind is EventKind.GPU_LOST]
     assert len(lost) == 1 and lost[0].gpu_index is None and "NVML" in lost[0].message
+    assert src.problem is not None and src.problem.startswith("NVML unusable: NVMLError")  # /healthz says it
     nv.fail.clear()
     assert len(src.collect_sync().gpus) == 1  # re-initialised and read again
     assert nv.inits >= 1
+    assert src.problem is None
 
 
 async def test_nvml_event_and_kmsg_line_dedupe() -> None:

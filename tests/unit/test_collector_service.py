@@ -165,5 +165,6 @@ def test_cli_bad_settings_exit_2() -> None:
     r = CliRunner().invoke(app, ["--source", "bogus"])
     assert r.exit_code == 2
     assert r.output.strip() == (
-        "error: invalid settings: GPUWARDEN_COLLECTOR_SOURCE='bogus': Input should be 'nvml', 'replay' or 'simulated'"
+        "error: invalid settings: GPUWARDEN_COLLECTOR_SOURCE='bogus': "
+        "Input should be 'nvml', 'dcgm-exporter', 'replay' or 'simulated'"
     )

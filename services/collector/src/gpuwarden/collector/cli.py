@@ -32,7 +32,7 @@ app = typer.Typer(
 def run(
     ctx: typer.Context,
     source: Annotated[
-        str | None, typer.Option(help="nvml | replay | simulated [env GPUWARDEN_COLLECTOR_SOURCE]")
+        str | None, typer.Option(help="nvml | dcgm-exporter | replay | simulated [env GPUWARDEN_COLLECTOR_SOURCE]")
     ] = None,
     node: Annotated[str | None, typer.Option(help="Node name (nvml mode; default short hostname)")] = None,
     interval: Annotated[float | None, typer.Option(help="Wall seconds between ticks (default 1.0)")] = None,

@@ -25,6 +25,7 @@ from .outbox import Outbox
 from .settings import CollectorSettings
 from .sources import (
     SOURCES,
+    DcgmExporterSource,
     EventDeduper,
     LineReader,
     NvmlEventWatcher,
@@ -32,6 +33,7 @@ from .sources import (
     Paced,
     ReplaySource,
     Source,
+    http_fetcher,
     open_kernel_log,
     register_source,
 )
@@ -66,6 +68,18 @@ def _nvml_source(settings: CollectorSettings) -> Source:
         dedupe=EventDeduper() if watcher is not None else None,
         nvlink_every=settings.collector_nvlink_every or 1,
     )
+
+
+@register_source("dcgm-exporter")
+def _dcgm_exporter_source(settings: CollectorSettings) -> Source:
+    reader: LineReader | None = None
+    if settings.collector_kernel_log:
+        reader = open_kernel_log(
+            settings.collector_kernel_log, settings.collector_kmsg_state, boot_ts=time.time() - time.monotonic()
+        )
+    url = settings.collector_dcgm_exporter_url
+    fetch, close = http_fetcher(url, settings.collector_dcgm_exporter_timeout_s)
+    return DcgmExporterSource(fetch, settings.collector_node, time.time, where=url, kernel_log=reader, close=close)
 
 
 @register_source("replay")
@@ -118,6 +132,8 @@ class CollectorService(Service):
         self.source = source if source is not None else build_source(settings)
         self._sleep = sleep
         self.ticks = 0
+        self.collect_error: str | None = None
+        """Why the last ``collect()`` raised (None after one that worked): /healthz says it."""
         self.finished = asyncio.Event()
         r = self.metrics.registry
         self.m_duration = Histogram(
@@ -187,6 +203,13 @@ class CollectorService(Service):
             dropped=dict(self.outbox.dropped),
             delivery_failures=self.outbox.failures,
         )
+        problem = self.collect_error or getattr(self.source, "problem", None)
+        if problem:
+            # NVML unusable, the dcgm-exporter endpoint down, a source raising every tick: the
+            # node sends no (or empty) samples, so it is not ok whatever the broker says
+            h["source_problem"] = problem
+            if h["status"] == "ok":
+                h["status"] = "degraded"
         if h["status"] == "ok" and self.outbox.degraded:
             h["status"] = "degraded"
             h["broker"] = "unreachable"
@@ -203,10 +226,15 @@ class CollectorService(Service):
         except Exception as exc:
             self.m_calls.labels(self.source.name, call, "error").inc()
             self.metrics.errors.labels(f"source_{call}").inc()
-            log.warning("source %s: %s failed: %s: %s", self.source.name, call, type(exc).__name__, exc)
+            if call == "collect":
+                self.collect_error = f"{call} failed: {type(exc).__name__}: {exc}"[:300]
+            log.warning("source %s: %s failed: %s: %s", self.source.name, call, type(exc).__name__, exc,
+                        extra={"rate_limited": True})  # fmt: skip
             return []
         finally:
             self.m_duration.labels(self.source.name, call).observe(time.perf_counter() - t0)
+        if call == "collect":
+            self.collect_error = None
         self.m_calls.labels(self.source.name, call, "ok" if out else "no_data").inc()
         return out
 

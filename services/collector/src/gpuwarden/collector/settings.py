@@ -20,8 +20,10 @@ def _short_hostname() -> str:
 class CollectorSettings(ServiceSettings):
     """Collector settings; every field reads ``GPUWARDEN_<FIELD>`` (e.g. ``GPUWARDEN_COLLECTOR_SOURCE``)."""
 
-    collector_source: Literal["nvml", "replay", "simulated"] = Field(
-        "nvml", description="Telemetry source: nvml (this node's GPUs), replay (recorded files), simulated"
+    collector_source: Literal["nvml", "dcgm-exporter", "replay", "simulated"] = Field(
+        "nvml",
+        description="Telemetry source: nvml (this node's GPUs), dcgm-exporter (this node's running dcgm-exporter), "
+        "replay (recorded files), simulated",
     )
     collector_node: str = Field(
         default_factory=_short_hostname,
@@ -41,7 +43,16 @@ class CollectorSettings(ServiceSettings):
     )
     collector_kernel_log: str | None = Field(
         "/dev/kmsg",
-        description="nvml: kernel log to read XIDs from (/dev/kmsg or a file followed from its end); empty = none",
+        description="nvml, dcgm-exporter: kernel log to read XIDs from (/dev/kmsg or a file followed from its end); "
+        "empty = none",
+    )
+    collector_dcgm_exporter_url: str = Field(
+        "http://127.0.0.1:9400/metrics",
+        pattern=r"^https?://[^\s]+$",
+        description="dcgm-exporter: the node's dcgm-exporter /metrics URL (its default port is 9400)",
+    )
+    collector_dcgm_exporter_timeout_s: float = Field(
+        2.0, gt=0, le=60, description="dcgm-exporter: seconds one scrape may take before the tick counts an error"
     )
 
     collector_kmsg_state: Path | None = Field(

@@ -10,6 +10,9 @@ One module per unit:
   kernel-log :class:`LineReader` for XIDs;
 * :mod:`.nvml_events`: :class:`NvmlEventWatcher` (NVML's event stream), :mod:`.dedupe`:
   :class:`EventDeduper` (one XID seen by NVML events and the kernel log is one event);
+* :mod:`.dcgm_exporter`: :class:`DcgmExporterSource` - the node's running dcgm-exporter
+  ``/metrics`` (one GET a tick, the DCGM field map of the recordings reader), XIDs from the
+  kernel log;
 * :mod:`.replay`: :class:`ReplaySource` - ``<root>/<node>/*.xml`` (``nvidia-smi -q -x``
   captures) and ``<root>/<node>/kern.log`` followed like ``tail -f``;
 * kernel-log readers: :mod:`.file_follower` (:class:`FileFollower`), :mod:`.kmsg`
@@ -23,6 +26,7 @@ Parsing (kernel-log lines) and NVML helpers and constants (``Nvml``, ``nvml_str`
 """
 
 from .base import SOURCES, LineReader, Paced, Source, default_collector_id, register_source, resolve_gpu
+from .dcgm_exporter import DcgmExporterSource, http_fetcher
 from .dedupe import EventDeduper
 from .file_follower import FileFollower
 from .journalctl import JournalctlFollower, LineStream, PopenLines
@@ -34,6 +38,7 @@ from .replay import ReplaySource
 
 __all__ = [
     "SOURCES",
+    "DcgmExporterSource",
     "EventDeduper",
     "FileFollower",
     "GpuLost",
@@ -48,6 +53,7 @@ __all__ = [
     "ReplaySource",
     "Source",
     "default_collector_id",
+    "http_fetcher",
     "open_kernel_log",
     "register_source",
     "resolve_gpu",

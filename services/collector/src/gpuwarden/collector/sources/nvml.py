@@ -154,6 +154,9 @@ class NvmlSource:
         self._driver: str | None = None
         self._known_pci: dict[int, tuple[str | None, str | None]] = {}
         self._nvml_lost = False
+        self.problem: str | None = None
+        """Why NVML is unusable (init/count failed: no driver, no library), None while it works;
+        the service's /healthz says it."""
         self._nvlinks: dict[int, list[int]] = {}  # gpu -> links that answered on first probe
         self._klog = KernelLogParser(node, source=event_source)
         self.event_watcher = event_watcher
@@ -212,6 +215,7 @@ class NvmlSource:
                 return self._nvml_down(ts, exc.__cause__ or exc)
         if self._nvml_lost:
             self._nvml_lost = False
+            self.problem = None
             log.info("NVML of %s is back", self.node)
         if gpus:  # keep lost GPUs in the inventory: their XIDs still need an index
             known = {g.index: g for g in self.inventory}
@@ -229,6 +233,7 @@ class NvmlSource:
     def _nvml_down(self, ts: float, exc: BaseException) -> NodeSample:
         """The whole NVML failed (init, count, or a driver-level error): one ``gpu-lost`` event
         (gpu_index None) per outage, an empty sample, and a fresh ``nvmlInit`` next tick."""
+        self.problem = f"NVML unusable: {type(exc).__name__}: {exc}"[:300]
         if not self._nvml_lost:
             self._nvml_lost = True
             raw = f"NVML: {type(exc).__name__}: {exc}"
