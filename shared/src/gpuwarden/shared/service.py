@@ -16,10 +16,11 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Protocol
 
 from aiohttp import web
+from aiokafka.errors import KafkaConnectionError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
@@ -27,7 +28,7 @@ from .bus import Consumer, Handler, Producer, ProducerLike
 from .metrics import ServiceMetrics
 from .settings import ServiceSettings
 
-__all__ = ["HttpEndpoint", "Lifecycle", "Service", "run_service", "tune_gc"]
+__all__ = ["HttpEndpoint", "Lifecycle", "Service", "kafka_start_hint", "run_service", "tune_gc"]
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,9 @@ class Service:
     name = "service"
     #: How long a graceful stop waits for the record in hand, s.
     stop_grace_s = 10.0
+    #: True: ``start()`` returns without a broker and connects in the background (the collector,
+    #: which buffers what it collects meanwhile); False: it waits ``kafka_start_wait_s`` at most.
+    starts_without_broker = False
 
     def __init__(self, settings: ServiceSettings, producer: ProducerLike | None = None) -> None:
         self.settings = settings
@@ -146,6 +150,8 @@ class Service:
         self.started_at: float | None = None
         self.failed: BaseException | None = None
         self.topic_problems: list[str] = []
+        self.broker_wait: str | None = None
+        """Why the service is still waiting for Kafka at start (None once connected)."""
 
     # -- lifecycle ---------------------------------------------------------------
     async def start(self) -> None:
@@ -155,14 +161,54 @@ class Service:
         self._started = True
         self.started_at = time.time()
         await self.http.start()
-        await self.producer.start()
-        await self._check_topics()
+        if self.starts_without_broker:
+            try:
+                await self.producer.start()
+            except (KafkaConnectionError, TimeoutError) as exc:
+                self.broker_wait = f"no broker answers at {self.settings.bootstrap_servers}: {exc}"
+                log.warning("%s: %s; running without it and connecting in the background", self.name, self.broker_wait)
+                self.spawn(self._connect(None), "connect")
+            else:
+                await self._check_topics()
+        else:
+            await self._connect(self.settings.kafka_start_wait_s)
         await self.on_start()
         for c in self._consumers:
             await c.start()
             self._consumer_tasks[id(c)] = self.spawn(c.run(), f"consume:{','.join(c.topics)}")
         self.metrics.up.set(1)
         log.info("%s started (pid %s), http://%s:%s/healthz", self.name, os.getpid(), self.http.host, self.http.port)
+
+    async def _connect(self, wait_s: float | None) -> None:
+        """Start the producer, retrying while no broker answers (``KafkaConnectionError`` or a
+        timeout; refused authentication or TLS is not retried) with exponential backoff from 1 to 30 s,
+        for ``wait_s`` s in all (None: until it works); then check the topics.
+
+        Raises:
+            aiokafka.errors.KafkaConnectionError: still no broker after ``wait_s``.
+        """
+        import tenacity
+
+        def waiting(state: tenacity.RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome is not None else None
+            self.broker_wait = f"no broker answers at {self.settings.bootstrap_servers}: {exc}"
+            nxt = state.next_action.sleep if state.next_action is not None else 0.0
+            log.warning("%s: %s; retrying in %.0f s", self.name, self.broker_wait, nxt, extra={"rate_limited": True})
+
+        retrying = tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_exception_type((KafkaConnectionError, TimeoutError)),
+            wait=tenacity.wait_exponential(multiplier=1, min=1, max=30),
+            stop=tenacity.stop_never if wait_s is None else tenacity.stop_after_delay(wait_s),
+            before_sleep=waiting,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                await self.producer.start()
+        if self.broker_wait is not None:
+            log.info("%s: connected to Kafka at %s", self.name, self.settings.bootstrap_servers)
+        self.broker_wait = None
+        await self._check_topics()
 
     async def stop(self) -> None:
         """Graceful: each consumer finishes the record in hand and commits only what was
@@ -220,13 +266,16 @@ class Service:
         status = "ok" if self._started and self.failed is None else "failed" if self.failed else "stopped"
         state = getattr(self.producer, "broker_state", None)
         broker = state() if callable(state) else "ok"
+        error = getattr(self.producer, "last_error", None) if broker != "ok" else None
+        if self.broker_wait is not None:
+            broker, error = "unreachable", self.broker_wait
         if status == "ok" and broker != "ok":
             status = "degraded"
         return {
             "service": self.name,
             "status": status,
             "broker": broker,
-            "broker_error": getattr(self.producer, "last_error", None) if broker != "ok" else None,
+            "broker_error": error,
             "pid": os.getpid(),
             "started_at": self.started_at,
             "error": repr(self.failed) if self.failed else None,
@@ -349,6 +398,32 @@ def tune_gc(settings: Any) -> None:
         gc.set_threshold(young, g1, g2)
 
 
+def kafka_start_hint(exc: BaseException, env: Mapping[str, str]) -> str:
+    """The one line a service prints when Kafka refused its start: what failed and what to do.
+
+    A broker that does not answer names the address and ``GPUWARDEN_KAFKA_START_WAIT_S``; a
+    refused login or TLS handshake names the security settings; ``gpuwarden broker`` (the demo
+    broker of the umbrella package, absent from a production install) is offered only when no
+    address was set and that command exists."""
+    servers = env.get("GPUWARDEN_BOOTSTRAP_SERVERS")
+    where = servers or "127.0.0.1:9092 (the default: GPUWARDEN_BOOTSTRAP_SERVERS is not set)"
+    if not isinstance(exc, KafkaConnectionError):
+        return (
+            f"Kafka at {where} refused this client: {type(exc).__name__}: {exc}; check GPUWARDEN_SECURITY_PROTOCOL, "
+            "the SASL user/password and the TLS files (GPUWARDEN_SASL_*, GPUWARDEN_SSL_*), and this principal's ACLs"
+        )
+    hint = (
+        f"no Kafka broker answers at {where} ({exc}); check the address, the network and the listener's protocol; "
+        "GPUWARDEN_KAFKA_START_WAIT_S=<s> makes the service wait for it at start"
+    )
+    if servers is None:
+        from importlib.util import find_spec
+
+        if find_spec("gpuwarden.sim") is not None:
+            hint += "; for a local try: gpuwarden broker"
+    return hint
+
+
 def run_service(factory: Callable[[], Lifecycle], log_level: str | None = None) -> int:
     """Run a service until SIGTERM/SIGINT (graceful: commit offsets, flush producers).
 
@@ -377,12 +452,7 @@ def run_service(factory: Callable[[], Lifecycle], log_level: str | None = None) 
     except ValidationError as exc:
         print(f"error: {describe_settings_error(exc)}", file=sys.stderr)
     except KafkaError as exc:
-        servers = os.environ.get("GPUWARDEN_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
-        print(
-            f"error: cannot reach Kafka at {servers} ({exc}); "
-            "set GPUWARDEN_BOOTSTRAP_SERVERS or start one with: gpuwarden broker",
-            file=sys.stderr,
-        )
+        print(f"error: {kafka_start_hint(exc, os.environ)}", file=sys.stderr)
     except (ValueError, OSError) as exc:
         print(f"error: cannot start: {type(exc).__name__}: {exc}", file=sys.stderr)
     return 2

@@ -83,6 +83,13 @@ class BusSettings(BaseSettings):
         gt=0,
         description="Refuse a record whose event time is this far behind its topic's newest accepted one, s",
     )
+    kafka_start_wait_s: float = Field(
+        0.0,
+        ge=0,
+        description="How long a service retries at start while no Kafka broker answers (backoff 1-30 s; /healthz "
+        "degraded meanwhile), s; 0 = fail at once (exit 2). The shipped unit env files set a day. The collector "
+        "never waits: it collects and buffers while it connects",
+    )
     producer_acks: Literal["all", "1"] = Field("all", description="Producer acks: all (durable) or 1")
     producer_idempotence: Literal["auto", "true", "false"] = Field(
         "auto", description="Idempotent producer: auto = when the broker supports it"

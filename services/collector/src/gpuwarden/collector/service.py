@@ -119,6 +119,7 @@ class CollectorService(Service):
     """
 
     name = "collector"
+    starts_without_broker = True  # collect and buffer (outbox, spool) while Kafka is not there yet
 
     def __init__(
         self,
