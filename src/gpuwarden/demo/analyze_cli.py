@@ -61,7 +61,7 @@ def analyze(
         str | None,
         typer.Option(
             help="Boot time of the node (ISO-8601, UTC unless it names a zone, e.g. `uptime -s` in UTC; or "
-            "epoch s) for kernel logs with [seconds since boot] stamps (plain `dmesg`)"
+            "epoch s) for kernel logs stamped in seconds since boot (plain `dmesg`)"
         ),
     ] = None,
     report: Annotated[Path | None, typer.Option(help="Write the JSON report (simulate's format) here")] = None,

@@ -26,19 +26,21 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from .clihelp import help_markup
 from .settings import BusSettings
 
 __all__ = ["app", "load_plugins", "main"]
 
 console = Console(stderr=True)
 app = typer.Typer(
+    rich_markup_mode=help_markup(),
     name="gpuwarden",
     help="GPU cluster health monitoring, failure diagnosis and remediation for Slurm.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-topics_app = typer.Typer(help="Kafka topics of gpuwarden.", no_args_is_help=True)
+topics_app = typer.Typer(rich_markup_mode=help_markup(), help="Kafka topics of gpuwarden.", no_args_is_help=True)
 app.add_typer(topics_app, name="topics")
 
 
@@ -133,12 +135,13 @@ def schemas(
 
 
 parse_app = typer.Typer(
+    rich_markup_mode=help_markup(),
     help="Parse a recorded tool output file and print JSON (the parsers gpuwarden itself uses). "
     "Each kind below names the tool and the versions it reads.",
     no_args_is_help=True,
 )
 app.add_typer(parse_app, name="parse")
-bench_app = typer.Typer(help="Benchmarks that print figures.", no_args_is_help=True)
+bench_app = typer.Typer(rich_markup_mode=help_markup(), help="Benchmarks that print figures.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 
 
@@ -196,7 +199,8 @@ def _parser_summary(ep_value: object) -> str:
     doc = " ".join((getattr(fn, "__doc__", None) or "").strip().split("\n\n", 1)[0].split())
     doc = re.sub(r":\w+:`~?([^`]+)`", r"\1", doc).replace("``", "")  # reST roles/literals -> text
     first = re.split(r"(?<=[.)])\s+(?=[A-Z])", doc, maxsplit=1)[0]
-    return escape(first if len(first) <= 200 else first[:197] + "...")
+    first = first if len(first) <= 200 else first[:197] + "..."
+    return escape(first) if help_markup() else first  # rich reads [..] as markup; plain help prints it
 
 
 def service_app(help: str, run_help: str, factory: Callable[[], Any]) -> typer.Typer:
@@ -207,7 +211,7 @@ def service_app(help: str, run_help: str, factory: Callable[[], Any]) -> typer.T
         f"{help}\n\nWithout a command: {run_help} Settings: GPUWARDEN_* environment variables "
         "(its README in services/ lists them); a mistyped one of its own is named at start."
     )
-    sub = typer.Typer(help=full, invoke_without_command=True, no_args_is_help=False)
+    sub = typer.Typer(rich_markup_mode=help_markup(), help=full, invoke_without_command=True, no_args_is_help=False)
 
     def run(ctx: typer.Context) -> None:
         if ctx.invoked_subcommand is not None:

@@ -14,11 +14,13 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
+from gpuwarden.shared.clihelp import help_markup
 from gpuwarden.shared.settings import describe_settings_error
 
 __all__ = ["app"]
 
 app = typer.Typer(
+    rich_markup_mode=help_markup(),
     name="collector",
     help="Collect GPU samples (NVML, nvidia-smi XML replay or simulation) and XID/SXID events, "
     "publish them to Kafka (gpu.samples, gpu.events). Without a subcommand: run the service.",

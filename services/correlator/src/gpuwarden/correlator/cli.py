@@ -6,6 +6,8 @@ import logging
 
 import typer
 
+from gpuwarden.shared.clihelp import help_markup
+
 from .service import CorrelatorService
 from .settings import CorrelatorSettings
 
@@ -14,6 +16,7 @@ __all__ = ["app", "main"]
 log = logging.getLogger(__name__)
 
 app = typer.Typer(
+    rich_markup_mode=help_markup(),
     name="correlator",
     help="Join GPU samples and events with the Slurm jobs holding the GPUs, in event time.",
     invoke_without_command=True,

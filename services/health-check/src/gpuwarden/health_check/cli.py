@@ -20,6 +20,8 @@ import typer
 from pydantic import ValidationError
 from typer.core import TyperCommand, TyperGroup
 
+from gpuwarden.shared.clihelp import help_markup
+
 __all__ = ["app", "main"]
 
 # click's UsageError (BadParameter's base class both in click and in the click that newer typer
@@ -65,6 +67,7 @@ class _NagiosGroup(TyperGroup):
 
 
 app = typer.Typer(
+    rich_markup_mode=help_markup(),
     name="health-check",
     cls=_NagiosGroup,
     help="Fast, job-aware GPU node checks for Slurm prolog/epilog (Nagios exit codes); results to Kafka 'health'.",

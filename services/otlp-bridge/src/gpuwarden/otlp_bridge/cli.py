@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import typer
 
+from gpuwarden.shared.clihelp import help_markup
+
 __all__ = ["app"]
 
 app = typer.Typer(
+    rich_markup_mode=help_markup(),
     name="otlp-bridge",
     help="Forward gpu.attributed, failures and remediations to OTLP (metrics + logs) and Prometheus /metrics. "
     "Settings: GPUWARDEN_* / GPUWARDEN_OTLP_BRIDGE_* environment variables (see the README).",

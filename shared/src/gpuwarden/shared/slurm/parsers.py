@@ -125,9 +125,11 @@ def sinfo_r(text: str) -> list[dict[str, Any]]:
 
 
 def hostlist(text: str) -> list[dict[str, Any]]:
-    """Slurm hostlist expressions, one per line (``gpu-[001-003,007],cpu-1``), or the argument of a
-    recorded ``$ scontrol show hostnames EXPR`` line -> ``[{"expr", "nodes": [names]}]``, read as
-    ``scontrol show hostnames`` (Slurm 20.11 .. 25.05) prints them with python-hostlist 1.x/2.x:
+    """Slurm hostlist expressions as ``scontrol show hostnames`` (Slurm 20.11-25.05) expands them.
+
+    Input: one expression per line (``gpu-[001-003,007],cpu-1``), or the argument of a
+    recorded ``$ scontrol show hostnames EXPR`` line -> ``[{"expr", "nodes": [names]}]``, read
+    with python-hostlist 1.x/2.x:
     nodes in the given order (never sorted), duplicates of overlapping ranges kept
     (``n[1-3,2-4]`` -> n1 n2 n3 n2 n3 n4), zero padding kept, prefixes with ``+ : _ . -``, several
     bracket groups (``rack[0-1]node[0-1]`` -> rack0node0 rack0node1 rack1node0 rack1node1).

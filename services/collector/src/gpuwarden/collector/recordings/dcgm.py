@@ -260,7 +260,9 @@ def gpu_records(series: Sequence[DcgmSeries], where: str = "scrape") -> dict[tup
 
 
 def parse_dcgm_exporter_scrape(text: str) -> dict[str, Any]:
-    """``gpuwarden parse dcgm-exporter``: one dcgm-exporter ``/metrics`` scrape -> ``{"series":
+    """One dcgm-exporter ``/metrics`` scrape (dcgm-exporter 2.x-4.x ``DCGM_FI_*`` names, 1.x ``dcgm_*``).
+
+    ``gpuwarden parse dcgm-exporter``: the scrape -> ``{"series":
     [{name, labels, value, timestamp, gpu, pci_bus_id, uuid, gpu_instance}], "gpus": [per-GPU
     mapped record]}`` (MIG instances stay distinct series; see :func:`gpu_records`).
 
