@@ -26,6 +26,21 @@ def test_a_typo_of_the_services_own_setting_is_named_with_its_closest_match() ->
     ]
 
 
+def test_a_near_miss_of_a_shared_setting_is_named_and_other_tools_variables_are_not() -> None:
+    """The new user's typos: a singular BOOTSTRAP_SERVER silently connected to 127.0.0.1:9092."""
+    env = {
+        "GPUWARDEN_BOOTSTRAP_SERVER": "k:9092",
+        "GPUWARDEN_LOG_LEVL": "DEBUG",
+        "GPUWARDEN_TEST_SERVERS": "local",  # the test setup's, not a typo
+        "GPUWARDEN_SIM_SPEED": "10",
+        "GPUWARDEN_CONSOLE_SCREENSHOT": "/tmp/x.png",
+    }
+    assert unknown_settings(RemediatorSettings(), env) == [
+        "GPUWARDEN_BOOTSTRAP_SERVER (did you mean GPUWARDEN_BOOTSTRAP_SERVERS?)",
+        "GPUWARDEN_LOG_LEVL (did you mean GPUWARDEN_LOG_LEVEL?)",
+    ]
+
+
 async def test_run_service_logs_it_at_start(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     from gpuwarden.shared import service as svc
 

@@ -257,7 +257,9 @@ def unknown_settings(settings: BaseSettings, environ: Mapping[str, str] | None =
     ``GPUWARDEN_<T>_*`` variable where ``<T>`` begins one of the class's own field names
     (``remediator``, ``collector``...) and the rest names no field, e.g. a mistyped
     ``GPUWARDEN_REMEDIATOR_ENFORSE``. Each entry names the variable and its closest valid name.
-    Variables of other services' prefixes are left to those services."""
+    Variables of other services' prefixes are left to those services. A variable that is no
+    field but nearly spells a shared one (``GPUWARDEN_BOOTSTRAP_SERVER``, ``GPUWARDEN_LOG_LEVL``:
+    similarity >= 0.85, so other tools' ``GPUWARDEN_*`` names do not match) is named too."""
     import difflib
 
     env = os.environ if environ is None else environ
@@ -270,7 +272,12 @@ def unknown_settings(settings: BaseSettings, environ: Mapping[str, str] | None =
         if not up.startswith("GPUWARDEN_"):
             continue
         key = up[len("GPUWARDEN_") :].lower()
-        if key in fields or key.split("_", 1)[0] not in own_prefixes:
+        if key in fields:
+            continue
+        if key.split("_", 1)[0] not in own_prefixes:
+            near = difflib.get_close_matches(key, sorted(shared & fields), n=1, cutoff=0.85)
+            if near:
+                out.append(f"{name} (did you mean GPUWARDEN_{near[0].upper()}?)")
             continue
         prefix, _, rest = key.partition("_")
         same = {f.partition("_")[2]: f for f in fields if f.startswith(prefix + "_")}
