@@ -483,3 +483,18 @@ def test_real_kernel_logs(name: str, codes: dict[int, int], pci: str, span: floa
     assert {e.pci_bus_id for e in r.events} == {pci}
     assert r.events[-1].ts - r.events[0].ts == pytest.approx(span, abs=0.1)
     assert [e.ts for e in r.events] == sorted(e.ts for e in r.events)
+
+
+def test_a_bad_input_names_the_file(tmp_path: Path) -> None:
+    """A new user's ``analyze /tmp`` or an empty file said only "unknown recording format"."""
+    from gpuwarden.collector.recordings import load_recording
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"empty: no recording files"):
+        load_recording([tmp_path / "empty"])
+    (tmp_path / "zero.csv").write_text("")
+    with pytest.raises(ValueError, match=r"zero\.csv: empty file"):
+        load_recording([tmp_path / "zero.csv"])
+    (tmp_path / "notes.txt").write_text("hello\nworld\n")
+    with pytest.raises(ValueError, match=r"notes\.txt: unknown recording format"):
+        load_recording([tmp_path / "notes.txt"])

@@ -97,7 +97,7 @@ def analyze(
             boot_ts=boot_ts,
         )
     except (OSError, ValueError) as exc:
-        console.print(f"[red]error:[/] {escape(str(exc))}")
+        console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from exc
     spec = None
     if gpu_model:
@@ -125,10 +125,10 @@ def analyze(
                 spans=list(rec.spans.values()),
             )
     except ValueError as exc:
-        console.print(f"[red]error:[/] {escape(str(exc))}")
+        console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from exc
     except (RuntimeError, TimeoutError, OSError) as exc:
-        console.print(f"[red]error:[/] {escape(str(exc))}")
+        console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(1) from exc
     rep: dict[str, Any] = {
         "recording": recording_summary(rec, assumed),

@@ -175,8 +175,16 @@ def load_recording(
     sources: list[str] = []
     dcgm_files: list[Path] = []
     spans: dict[str, tuple[float, float]] = {}
+    if not files:
+        raise ValueError(f"{', '.join(map(str, paths))}: no recording files (an empty folder?)")
     for path in files:
-        f = fmt or detect_format(_head(path))
+        head = _head(path)
+        if fmt is None and not head.strip():
+            raise ValueError(f"{path}: empty file")
+        try:
+            f = fmt or detect_format(head)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from exc
         formats[str(path)] = f
         ctx = ReadContext(path.name, tz)
         readings: Iterator[Reading] | None = None
