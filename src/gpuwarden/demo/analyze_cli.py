@@ -250,9 +250,10 @@ def _print(rep: dict[str, Any]) -> None:
         console.print(f"  {escape(f['verdict'])}")
         for e in f["evidence"][:3]:
             at = f" at {e['ts_utc']}" if e.get("ts_utc") else ""
+            thr = f" (threshold {escape(str(e['threshold']))})" if e.get("threshold") is not None else ""
             console.print(
                 f"  [dim]evidence {escape(str(e['signal']))}={escape(str(e['value']))} "
-                f"{escape(str(e.get('unit') or ''))} (threshold {escape(str(e.get('threshold')))}){at}[/]"
+                f"{escape(str(e.get('unit') or ''))}{thr}{at}[/]"
             )
         for c in f["cannot_determine"]:
             console.print(f"  [dim]cannot tell {escape(c)}[/]")
