@@ -107,6 +107,17 @@ def test_xid94_before_or_after_xid48_folds_into_the_dbe() -> None:
         out += d.flush()
         assert {f.pattern for f in out} == {"uncorrectable-ecc"}, order
         assert len(published(out)) == 1
+        # the XID 94 it carries tells that the error was contained: the failure no longer says it cannot
+        last = out[-1]
+        assert any(e.signal == "explains" and "contained-memory-error" in str(e.value) for e in last.evidence)
+        assert not any(c.startswith("whether the error was contained") for c in last.cannot_determine), order
+        assert any(c.startswith("whether the memory repair took effect") for c in last.cannot_determine)
+
+
+def test_an_xid48_alone_still_cannot_tell_whether_it_was_contained() -> None:
+    d = Detector(load_catalog())
+    out = d.on_event(xid(48, T0 + 10)) + d.flush()
+    assert any(c.startswith("whether the error was contained") for c in out[-1].cannot_determine)
 
 
 def test_pre_a100_page_retirement_is_its_own_finding_with_nvidia_advice() -> None:

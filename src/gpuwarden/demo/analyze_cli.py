@@ -251,10 +251,8 @@ def _print(rep: dict[str, Any]) -> None:
         for e in f["evidence"][:3]:
             at = f" at {e['ts_utc']}" if e.get("ts_utc") else ""
             thr = f" (threshold {escape(str(e['threshold']))})" if e.get("threshold") is not None else ""
-            console.print(
-                f"  [dim]evidence {escape(str(e['signal']))}={escape(str(e['value']))} "
-                f"{escape(str(e.get('unit') or ''))}{thr}{at}[/]"
-            )
+            unit = f" {escape(str(e['unit']))}" if e.get("unit") else ""
+            console.print(f"  [dim]evidence {escape(str(e['signal']))}={escape(str(e['value']))}{unit}{thr}{at}[/]")
         for c in f["cannot_determine"]:
             console.print(f"  [dim]cannot tell {escape(c)}[/]")
     j = rep["job"]

@@ -177,6 +177,8 @@ class PendingStage:
         cause = self._cause(f, ex) if ex.by else None
         del self.held[fid]
         if cause is not None:
+            if ex.answers:
+                self._answered().setdefault(cause, set()).update(ex.answers)
             return self._fold(fid, cause)
         out = [self._out(f)]
         if h.resolved is not None:
@@ -307,14 +309,25 @@ class PendingStage:
         return [self._out(node_f)]
 
     # -- publishing ------------------------------------------------------------------------
+    def _answered(self) -> dict[str, set[str]]:
+        """Failure id -> beginnings of its ``cannot_determine`` entries that a finding folded into
+        it settled (``Explain.answers``). Kept in ``__dict__`` so a snapshot from before it restores."""
+        return self.__dict__.setdefault("answered", {})
+
     def _out(self, f: Failure) -> Failure:
-        """``f`` as published: with the evidence folded into it; remembered as opened."""
+        """``f`` as published: with the evidence folded into it, without what that evidence
+        settled in its ``cannot_determine``; remembered as opened."""
         extra = self.extra.get(f.failure_id)
         if extra:
             have = {(e.signal, e.ts, str(e.value)) for e in f.evidence}
             add = [e for e in extra if (e.signal, e.ts, str(e.value)) not in have]
             keep = max(0, MAX_EVIDENCE - len(add))
             f = f.model_copy(update={"evidence": [*f.evidence[:keep], *add]})
+        settled = self._answered().get(f.failure_id)
+        if settled:
+            left = [c for c in f.cannot_determine if not c.startswith(tuple(settled))]
+            if len(left) != len(f.cannot_determine):
+                f = f.model_copy(update={"cannot_determine": left})
         self.latest[f.failure_id] = f
         self.published[f.failure_id] = f.last_seen
         return f
@@ -334,6 +347,7 @@ class PendingStage:
             self.published.pop(fid, None)
             self.folded.pop(fid, None)
             self.extra.pop(fid, None)
+            self._answered().pop(fid, None)
             self.member_of.pop(fid, None)
             self.groups.pop(fid, None)
             ids = self.by_node.get(f.node)

@@ -179,7 +179,9 @@ class Explain(FrozenModel):
     ``explains``: the reverse, written on the cause (rule ids whose findings this rule explains, with
     this block's window and scope). ``aggregate: node``: when at least ``share`` of a node's GPUs in
     the same job have this finding within the window, they are one node-level failure (the GPUs as
-    evidence).
+    evidence). ``answers``: beginnings of the explaining failure's ``cannot_determine`` entries
+    that this finding settles once folded into it (XID 94 tells that the XID 48 it follows was
+    contained), so the published failure no longer says it cannot tell what its evidence shows.
     """
 
     by: list[str] = Field(default_factory=list, description="Rule ids whose finding explains this one")
@@ -188,6 +190,10 @@ class Explain(FrozenModel):
     scope: Literal["gpu", "node"] = "gpu"
     aggregate: Literal["node"] | None = Field(None, description="Most GPUs of a node: one node-level finding")
     share: float = Field(0.5, gt=0, le=1, description="aggregate: share of the node's GPUs in the job, at least")
+    answers: list[str] = Field(
+        default_factory=list,
+        description="Beginnings of the explaining failure's cannot_determine entries this finding settles when folded",
+    )
 
 
 class RuleBase(FrozenModel):
