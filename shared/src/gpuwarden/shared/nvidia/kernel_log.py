@@ -450,12 +450,19 @@ class KernelLogParser:
         return out
 
 
+#: A plain ``dmesg`` line's stamp: seconds since boot, ``[  365.969681]``.
+_MONOTONIC_STAMP_RE = re.compile(r"^\[\s*(\d+\.\d+)\]")
+
+
 def parse_kmsg(text: str) -> list[GpuEvent]:
     """Every XID/SXID/lost-GPU event of a kernel log, NVIDIA driver r340 .. 595 (dmesg with any
     time format, ``journalctl -k``, ``/var/log/kern.log``, raw ``/dev/kmsg`` records).
 
-    Node is ``unknown`` (a log names no Slurm node); lines without a readable date (monotonic ``[ 12.3]``, raw
-    records) get ts 0.0; syslog stamps, which print no year, are read in the current year.
+    Node is ``unknown`` (a log names no Slurm node). Monotonic ``[ 12.3]`` stamps (plain ``dmesg``)
+    and raw ``/dev/kmsg`` records give seconds since boot (ts 12.3: the log holds no boot time;
+    ``gpuwarden analyze --boot-time`` places them in time); a line without any stamp takes the
+    time of the line before it (0.0 before the first stamp); syslog stamps, which print no year,
+    are read in the current year.
     Multi-line messages are joined (:class:`KernelLogParser`); each XID event carries the
     severity of its code in the XID table (:func:`~gpuwarden.shared.nvidia.xids.xid_severities`).
 
@@ -466,4 +473,15 @@ def parse_kmsg(text: str) -> list[GpuEvent]:
         raise ValueError("kernel log: binary data (NUL bytes), not a text log")
     year = datetime.now(UTC).year
     parser = KernelLogParser("unknown", source="file", year=year, severities=xid_severities())
-    return parser.feed_lines(text.splitlines(), 0.0)
+    parser.boot_ts = 0.0  # raw records: seconds since boot
+    out: list[GpuEvent] = []
+    last = 0.0
+    for line in text.splitlines():
+        m = _MONOTONIC_STAMP_RE.match(line)
+        evs = parser.feed(line, float(m[1]) if m else last)
+        if m:
+            last = float(m[1])
+        elif evs:
+            last = evs[-1].ts
+        out.extend(evs)
+    return out
