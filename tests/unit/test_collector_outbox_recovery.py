@@ -20,7 +20,7 @@ from gpuwarden.collector.outbox import Outbox
 from gpuwarden.collector.service import CollectorService
 from gpuwarden.collector.settings import CollectorSettings
 from gpuwarden.shared.bus import Producer
-from gpuwarden.shared.bus import producer as bus_producer
+from gpuwarden.shared.bus import clients as bus_clients
 from gpuwarden.shared.models import GpuEvent, NodeSample
 from gpuwarden.shared.settings import BusSettings
 
@@ -103,7 +103,7 @@ class FakeKafka:
 def broker(monkeypatch: pytest.MonkeyPatch) -> Broker:
     b = Broker()
     FakeKafka.broker = b
-    monkeypatch.setattr(bus_producer, "AIOKafkaProducer", FakeKafka)
+    monkeypatch.setattr(bus_clients, "AIOKafkaProducer", FakeKafka)  # what kafka_producer builds
     return b
 
 

@@ -17,10 +17,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer
 from pydantic import ValidationError
 
-from gpuwarden.shared.bus import Producer
+from gpuwarden.shared.bus import Producer, kafka_consumer
 from gpuwarden.shared.models import Failure, GpuEvent, JobState, NodeSample, SlurmWatermark
 from gpuwarden.shared.settings import BusSettings
 from gpuwarden.shared.slurm_progress import JobsOffsets
@@ -75,9 +74,7 @@ async def analyze_via_kafka(
             "PYTHONUNBUFFERED": "1",
         }
         procs.append(spawn_service(name, module, env, workdir / "logs" / f"{name}.log", port))
-    reader = AIOKafkaConsumer(
-        f"{prefix}failures", bootstrap_servers=bootstrap_servers, group_id=None, auto_offset_reset="earliest"
-    )
+    reader = kafka_consumer(bootstrap_servers, f"{prefix}failures", group_id=None, auto_offset_reset="earliest")
     failures: dict[str, Failure] = {}
     deadline = time.monotonic() + timeout_s
     try:

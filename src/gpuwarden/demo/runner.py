@@ -28,7 +28,7 @@ from aiokafka import AIOKafkaConsumer
 from pydantic import ValidationError
 
 from gpuwarden.detector.jobreport import job_report_rows
-from gpuwarden.shared.bus import Producer
+from gpuwarden.shared.bus import Producer, kafka_consumer
 from gpuwarden.shared.models import Failure, Remediation
 from gpuwarden.shared.scenario import Scenario, ScenarioClock
 from gpuwarden.shared.settings import BusSettings
@@ -233,9 +233,10 @@ class Pipeline:
             "job.windows",
         ]
         self._topics = {f"{self.prefix}{n}": n for n in names}
-        self._reader = AIOKafkaConsumer(
+        assert self.bootstrap is not None  # set by start() before the reader
+        self._reader = kafka_consumer(
+            self.bootstrap,
             *self._topics,
-            bootstrap_servers=self.bootstrap,
             group_id=None,
             auto_offset_reset="earliest",
             fetch_max_wait_ms=100,

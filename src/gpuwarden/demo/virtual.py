@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from gpuwarden.shared.bus import kafka_admin, kafka_consumer
+
 __all__ = ["PIPELINE_GROUPS", "Drain", "lag_of", "reader_at_end", "source_finished"]
 
 #: Consumer group (the services' defaults: ``gpuwarden-<service>``, the correlator's group,
@@ -70,8 +72,8 @@ class Drain:
 
     async def start(self) -> None:
         """Raises aiokafka.errors.KafkaError when the broker does not answer."""
-        self._admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
-        self._ends = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None)
+        self._admin = kafka_admin(self.bootstrap)
+        self._ends = kafka_consumer(self.bootstrap, group_id=None)
         await self._admin.start()
         await self._ends.start()
 

@@ -139,11 +139,17 @@ class KafkaLease:
         """A holder not answered by the broker for this long no longer holds the lease, s."""
         return self.session_timeout_ms / 2000.0
 
+    def _connection(self) -> dict[str, Any]:
+        """The clients' connection: :attr:`bootstrap_servers` with the security of ``client_kwargs``."""
+        return {**self._kw, "bootstrap_servers": self.bootstrap_servers}
+
     async def _ensure_topic(self) -> None:
-        from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+        from aiokafka.admin import NewTopic
         from aiokafka.errors import TopicAlreadyExistsError
 
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap_servers, **self._kw)
+        from .bus.clients import kafka_admin
+
+        admin = kafka_admin(self._connection())
         await admin.start()
         try:
             if self.topic not in await admin.list_topics():
@@ -154,7 +160,9 @@ class KafkaLease:
 
     async def start(self) -> None:
         """Create the topic if needed, join the group and keep polling (membership)."""
-        from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+        from aiokafka import ConsumerRebalanceListener, TopicPartition
+
+        from .bus.clients import kafka_consumer
 
         lease = self
         tp = TopicPartition(self.topic, 0)
@@ -171,9 +179,8 @@ class KafkaLease:
                     log.warning("lease %s acquired: this %s is active", lease.topic, lease.name)
 
         await self._ensure_topic()
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap_servers,
-            **self._kw,
+        self._consumer = kafka_consumer(
+            self._connection(),
             group_id=self.group,
             session_timeout_ms=self.session_timeout_ms,
             heartbeat_interval_ms=max(self.session_timeout_ms // 5, 100),

@@ -267,9 +267,9 @@ async def create_topics(
         ValueError: a replication factor the cluster cannot hold.
         aiokafka.errors.KafkaError: the broker is unreachable or refused a topic.
     """
-    kw = dict(client_kwargs or {})
-    kw["bootstrap_servers"] = bootstrap_servers
-    admin = AIOKafkaAdminClient(**kw, request_timeout_ms=15000)
+    from .bus.clients import kafka_admin
+
+    admin = kafka_admin({**(client_kwargs or {}), "bootstrap_servers": bootstrap_servers}, request_timeout_ms=15000)
     await admin.start()
     result: dict[str, str] = {}
     try:
@@ -356,9 +356,11 @@ async def check_topics(
     Raises:
         aiokafka.errors.KafkaError: the cluster is unreachable.
     """
-    kw = dict(client_kwargs or {})
-    kw["bootstrap_servers"] = bootstrap_servers
-    admin = AIOKafkaAdminClient(**kw, request_timeout_ms=timeout_ms)
+    from .bus.clients import kafka_admin
+
+    admin = kafka_admin(
+        {**(client_kwargs or {}), "bootstrap_servers": bootstrap_servers}, request_timeout_ms=timeout_ms
+    )
     await admin.start()
     problems: list[str] = []
     try:

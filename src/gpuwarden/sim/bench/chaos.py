@@ -281,11 +281,11 @@ class _Chaos:
 
     # -- records --------------------------------------------------------------------------
     async def fuzz(self) -> None:
-        from aiokafka import AIOKafkaProducer
+        from gpuwarden.shared.bus import kafka_producer
 
         assert self.pl is not None and self.cluster is not None
-        p = AIOKafkaProducer(bootstrap_servers=self.cluster.bootstrap_servers, acks="all",
-                             max_request_size=2 << 20, request_timeout_ms=30000)  # fmt: skip
+        p = kafka_producer(self.cluster.bootstrap_servers, acks="all", max_request_size=2 << 20,
+                           request_timeout_ms=30000)  # fmt: skip
         await p.start()
         try:
             for short in FUZZ_TOPICS:
@@ -305,13 +305,12 @@ class _Chaos:
     async def inject_hostile(self) -> None:
         """``hostile_per_topic`` schema-shaped hostile records (:mod:`gpuwarden.sim.hostile`) on
         each raw input topic, produced in batches while the pipeline runs."""
-        from aiokafka import AIOKafkaProducer
-
+        from gpuwarden.shared.bus import kafka_producer
         from gpuwarden.sim.hostile import HOSTILE_TOPICS, hostile_records
 
         assert self.pl is not None and self.cluster is not None
-        p = AIOKafkaProducer(bootstrap_servers=self.cluster.bootstrap_servers, acks="all", linger_ms=20,
-                             max_request_size=2 << 20, request_timeout_ms=30000)  # fmt: skip
+        p = kafka_producer(self.cluster.bootstrap_servers, acks="all", linger_ms=20, max_request_size=2 << 20,
+                           request_timeout_ms=30000)  # fmt: skip
         await p.start()
         t = time.monotonic()
         try:

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from aiokafka import AIOKafkaProducer
 
+from gpuwarden.shared.bus import kafka_producer
 from gpuwarden.shared.models import GpuSample, JobState, NodeSample
 from gpuwarden.shared.slurm_progress import JobsOffsets, publish_watermark
 from gpuwarden.shared.topics import create_topics
@@ -54,7 +54,7 @@ def _metric(port: int, name: str, topic: str) -> float:
 
 
 async def _backlog(bootstrap: str, prefix: str, nodes: int, ticks: int, gpus: int) -> None:
-    p = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False, acks=1, linger_ms=20)
+    p = kafka_producer(bootstrap, enable_idempotence=False, acks=1, linger_ms=20)
     await p.start()
     t0 = float(int(time.time()) // 10 * 10 - 7200)
     names = [f"bench-node-{i:04d}" for i in range(nodes)]

@@ -45,10 +45,10 @@ from typing import Annotated, Any
 
 import orjson
 import typer
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka import TopicPartition
 
 from gpuwarden.demo.runner import ServiceProc, stop_services, wait_healthy
+from gpuwarden.shared.bus import kafka_admin, kafka_consumer, kafka_producer
 from gpuwarden.shared.models import EventKind, GpuEvent, GpuSample, JobState, NodeSample
 from gpuwarden.shared.scenario import Cluster
 from gpuwarden.shared.slurm_progress import JobsOffsets, publish_watermark
@@ -135,9 +135,7 @@ def _load_main(
     correlator attributes the samples at once."""
 
     async def go() -> None:
-        p = AIOKafkaProducer(
-            bootstrap_servers=bootstrap, acks=1, linger_ms=5, max_batch_size=256 * 1024, enable_idempotence=False
-        )
+        p = kafka_producer(bootstrap, acks=1, linger_ms=5, max_batch_size=256 * 1024, enable_idempotence=False)
         await p.start()
         templates = [(n, n.encode(), _node_template(n, gpus)) for n in nodes]
         offsets = dict(jobs_offsets or {})
@@ -181,9 +179,7 @@ def _raw_consume_cpu_main(bootstrap: str, topic: str, conn: Any) -> None:
     process's (``process_time``)."""
 
     async def go() -> tuple[int, float, float]:
-        c = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest", enable_auto_commit=False
-        )
+        c = kafka_consumer(bootstrap, group_id=None, auto_offset_reset="earliest", enable_auto_commit=False)
         await c.start()
         try:
             await c._client.force_metadata_update()  # no subscription: the metadata of every topic
@@ -378,7 +374,7 @@ class _Bench:
 
     async def publish_jobs(self) -> None:
         """Publish the jobs; their delivered offsets go to :attr:`jobs_offsets` (for the load's watermarks)."""
-        p = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks=1, enable_idempotence=False)
+        p = kafka_producer(self.bootstrap, acks=1, enable_idempotence=False)
         await p.start()
         offsets = JobsOffsets()
         futures = []
@@ -409,8 +405,8 @@ class _Bench:
     async def monitor(self) -> None:
         """Every second: end offsets vs committed offsets of each group on the topic it reads."""
         watch = {"correlator": "gpu.samples", "detector": "gpu.attributed", "otlp-bridge": "gpu.attributed"}
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
-        ends = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None)
+        admin = kafka_admin(self.bootstrap)
+        ends = kafka_consumer(self.bootstrap, group_id=None)
         await admin.start()
         await ends.start()
         try:
@@ -452,10 +448,10 @@ class _Bench:
 
     async def read_outputs(self, ready: asyncio.Event) -> None:
         """Time the first Failure per injected (node, GPU) and the first Remediation per node."""
-        c = AIOKafkaConsumer(
+        c = kafka_consumer(
+            self.bootstrap,
             self.t("failures"),
             self.t("remediations"),
-            bootstrap_servers=self.bootstrap,
             group_id=None,
             auto_offset_reset="earliest",
             fetch_max_wait_ms=20,
@@ -485,7 +481,7 @@ class _Bench:
             await c.stop()
 
     async def inject_xids(self, until: float, every: float) -> None:
-        p = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks=1, linger_ms=0, enable_idempotence=False)
+        p = kafka_producer(self.bootstrap, acks=1, linger_ms=0, enable_idempotence=False)
         await p.start()
         rng = random.Random(7)
         order = list(range(len(self.node_names)))
@@ -521,9 +517,9 @@ class _Bench:
 
     async def raw_consume(self, decode: bool) -> tuple[float, int]:
         """Messages/s of one aiokafka consumer reading all of ``gpu.samples`` from the start."""
-        c = AIOKafkaConsumer(
+        c = kafka_consumer(
+            self.bootstrap,
             self.t("gpu.samples"),
-            bootstrap_servers=self.bootstrap,
             group_id=None,
             auto_offset_reset="earliest",
             enable_auto_commit=False,

@@ -32,7 +32,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
-from gpuwarden.shared.bus import MemoryPublisher, decode
+from gpuwarden.shared.bus import MemoryPublisher, decode, kafka_consumer
 from gpuwarden.shared.service import Service
 from gpuwarden.shared.text import one_line
 
@@ -83,12 +83,10 @@ class ConsoleService(Service):
 
     # -- reading the topics ----------------------------------------------------------------
     async def on_start(self) -> None:
-        from aiokafka import AIOKafkaConsumer
-
         full = {self.settings.topic(t): t for t in TOPICS}
-        self._reader = AIOKafkaConsumer(
+        self._reader = kafka_consumer(
+            self.settings,  # bootstrap servers and the services' SASL/TLS settings
             *full,
-            **self.settings.kafka_kwargs(),  # bootstrap servers and the services' SASL/TLS settings
             client_id=f"{self.settings.client_id}-console",
             group_id=None,
             enable_auto_commit=False,

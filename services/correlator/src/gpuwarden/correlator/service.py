@@ -38,7 +38,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord
 from prometheus_client import Gauge
 from pydantic import BaseModel, ValidationError
 
-from gpuwarden.shared.bus import Producer, decode
+from gpuwarden.shared.bus import Producer, decode, kafka_client, kafka_consumer
 from gpuwarden.shared.models import GpuEvent, JobState, NodeSample, SlurmWatermark
 from gpuwarden.shared.service import Service
 
@@ -86,8 +86,8 @@ class SlurmReader:
         self._wm_topic = settings.topic("slurm.watermarks")
 
     async def start(self) -> None:
-        c = AIOKafkaConsumer(
-            **self.settings.kafka_kwargs(),
+        c = kafka_consumer(
+            self.settings,
             client_id=f"{self.settings.client_id}-correlator-slurm",
             group_id=None,
             enable_auto_commit=False,
@@ -168,9 +168,7 @@ async def _metadata(settings: CorrelatorSettings, timeout_s: float = 30.0) -> An
     Raises:
         aiokafka.errors.KafkaError, TimeoutError: no broker answers.
     """
-    from aiokafka import AIOKafkaClient
-
-    client = AIOKafkaClient(**settings.kafka_kwargs(), request_timeout_ms=int(timeout_s * 1000))
+    client = kafka_client(settings, request_timeout_ms=int(timeout_s * 1000))
     await asyncio.wait_for(client.bootstrap(), timeout_s)
     try:
         return await asyncio.wait_for(client.fetch_all_metadata(), timeout_s)
@@ -351,8 +349,8 @@ class CorrelatorService(Service):
     async def _restore(self, partitions: list[int]) -> int:
         """Read the changelog partitions to their end; the newest state per node wins."""
         topic = self.settings.topic(CHANGELOG)
-        c = AIOKafkaConsumer(**self.settings.kafka_kwargs(), group_id=None, enable_auto_commit=False,
-                             auto_offset_reset="earliest", fetch_max_wait_ms=100)  # fmt: skip
+        c = kafka_consumer(self.settings, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
+                           fetch_max_wait_ms=100)  # fmt: skip
         await c.start()
         latest: dict[str, tuple[int, bytes | None]] = {}
         try:

@@ -75,12 +75,12 @@ async def read_topics(
     Raises:
         aiokafka.errors.KafkaError: the broker is unreachable.
     """
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka import TopicPartition
 
-    from gpuwarden.shared.bus import decode
+    from gpuwarden.shared.bus import decode, kafka_consumer
 
     names = ["job.reports", "slurm.jobs", "job.windows", "failures"] if rebuild else ["job.reports"]
-    c = AIOKafkaConsumer(**{**(kafka or {}), "bootstrap_servers": bootstrap}, group_id=None, enable_auto_commit=False)
+    c = kafka_consumer({**(kafka or {}), "bootstrap_servers": bootstrap}, group_id=None, enable_auto_commit=False)
     await c.start()
     latest: JobReport | None = None
     state: JobState | None = None

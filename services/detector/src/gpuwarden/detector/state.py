@@ -152,13 +152,13 @@ class DetectorDurability:
         """
         if self.settings.detector_state_file is None or self.restored or lookback_s <= 0:
             return 0
-        from aiokafka import AIOKafkaConsumer, TopicPartition
+        from aiokafka import TopicPartition
 
-        from gpuwarden.shared.bus import decode
+        from gpuwarden.shared.bus import decode, kafka_consumer
         from gpuwarden.shared.models import Failure
 
         topic = bus.topic("failures")
-        c = AIOKafkaConsumer(**bus.kafka_kwargs(), group_id=None, enable_auto_commit=False)
+        c = kafka_consumer(bus, group_id=None, enable_auto_commit=False)
         latest: dict[str, Failure] = {}
         try:
             await c.start()

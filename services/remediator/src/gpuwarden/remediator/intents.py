@@ -13,10 +13,10 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from pydantic import ValidationError
 
-from gpuwarden.shared.bus import decode
+from gpuwarden.shared.bus import decode, kafka_consumer
 from gpuwarden.shared.models import NodeState, Remediation, RemediationDecision
 from gpuwarden.shared.settings import BusSettings
 
@@ -75,7 +75,7 @@ async def read_remediations(settings: BusSettings, timeout_s: float = 30.0) -> l
         aiokafka.errors.KafkaError: the broker is unreachable; TimeoutError after ``timeout_s``.
     """
     topic = settings.topic("remediations")
-    c = AIOKafkaConsumer(**settings.kafka_kwargs(), enable_auto_commit=False, group_id=None)
+    c = kafka_consumer(settings, enable_auto_commit=False, group_id=None)
     await c.start()
     out: list[Remediation] = []
     try:

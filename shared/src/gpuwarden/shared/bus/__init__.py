@@ -6,12 +6,15 @@ raise is published to ``deadletter`` (original bytes, error, source topic/partit
 and the consumer moves on: the service keeps running and nothing is silently lost.
 
 Modules: :mod:`.producer` (:class:`Publisher`, :class:`MemoryPublisher`, :class:`Producer`),
-:mod:`.consumer` (:class:`Consumer`), :mod:`.codec` (:func:`decode`), :mod:`.deadletter`
-(:func:`dead_letter_of` and the size limits), :mod:`.errors`.
+:mod:`.consumer` (:class:`Consumer`), :mod:`.clients` (the only place aiokafka clients are
+built: :func:`kafka_consumer`, :func:`kafka_producer`, :func:`kafka_admin`, :func:`kafka_client`),
+:mod:`.codec` (:func:`decode`), :mod:`.deadletter` (:func:`dead_letter_of` and the size limits),
+:mod:`.errors`.
 """
 
 from __future__ import annotations
 
+from .clients import kafka_admin, kafka_client, kafka_consumer, kafka_producer
 from .codec import decode
 from .consumer import Consumer, Handler
 from .deadletter import DEAD_LETTER_MAX_BYTES, DEAD_LETTER_PREFIX_BYTES, MAX_MESSAGE_BYTES, dead_letter_of
@@ -32,6 +35,10 @@ __all__ = [
     "Publisher",
     "dead_letter_of",
     "decode",
+    "kafka_admin",
+    "kafka_client",
+    "kafka_consumer",
+    "kafka_producer",
     "not_authorized",
     "supports_idempotence",
 ]

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 from ..contract import ContractError, EdgeCheck
 from ..metrics import ServiceMetrics
 from ..settings import BusSettings
+from .clients import kafka_consumer
 from .codec import decode
 from .deadletter import MAX_MESSAGE_BYTES, dead_letter_of
 from .errors import DeliveryError, NotAuthorizedError, not_authorized
@@ -113,9 +114,9 @@ class Consumer:
     async def start(self) -> None:
         if self._consumer is not None:
             return
-        c = AIOKafkaConsumer(
+        c = kafka_consumer(
+            self._settings,
             *(() if self._listener is not None else self._short),
-            **self._settings.kafka_kwargs(),
             client_id=f"{self._settings.client_id}-{self.service}",
             group_id=self._group_id,
             enable_auto_commit=False,

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from ..metrics import ServiceMetrics
 from ..models import dumps
 from ..settings import BusSettings
+from .clients import kafka_client, kafka_producer
 from .codec import decode
 from .deadletter import MAX_MESSAGE_BYTES
 from .errors import DeliveryError
@@ -95,10 +96,9 @@ async def supports_idempotence(settings: BusSettings, timeout_s: float = 10.0) -
     Raises:
         aiokafka.errors.KafkaError: no broker answers.
     """
-    from aiokafka import AIOKafkaClient
     from aiokafka.protocol.transaction import InitProducerIdRequest
 
-    client = AIOKafkaClient(**settings.kafka_kwargs(), request_timeout_ms=int(timeout_s * 1000))
+    client = kafka_client(settings, request_timeout_ms=int(timeout_s * 1000))
     try:
         await asyncio.wait_for(client.bootstrap(), timeout_s)
         brokers = list(client.cluster.brokers())
@@ -201,8 +201,8 @@ class Producer:
     async def _client(self, idem: bool) -> AIOKafkaProducer:
         """A started aiokafka producer (the connection errors of ``start`` propagate)."""
         s = self._settings
-        p = AIOKafkaProducer(
-            **s.kafka_kwargs(),
+        p = kafka_producer(
+            s,
             client_id=f"{s.client_id}-producer",
             linger_ms=self._linger_ms,
             partitioner=self._partitioner,
