@@ -30,7 +30,15 @@ from cryptography.x509.oid import NameOID
 from gpuwarden.sim.brokers import free_port
 from gpuwarden.sim.kafka_cluster import KafkaNode, kafka_libs, new_cluster_id
 
-PASSWORDS = {"admin": "admin-secret", "alice": "alice-secret", "mallory": "mallory-secret"}
+PASSWORDS = {
+    "admin": "admin-secret",
+    "alice": "alice-secret",
+    "mallory": "mallory-secret",
+    # principals with nothing granted: the topics-plan test gives them exactly the plan's ACLs
+    "gpuwarden-detector": "detector-secret",
+    "gpuwarden-remediator": "remediator-secret",
+    "gpuwarden-nobody": "nobody-secret",
+}
 DENIED_PREFIX = "denied."
 KEYSTORE_PASSWORD = "broker-keystore-pw"
 

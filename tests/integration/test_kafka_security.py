@@ -337,3 +337,146 @@ async def test_console_and_report_read_over_sasl_ssl(
     finally:
         await ui.stop()
         await producer.stop()
+
+
+PLAN_PREFIX = "plan."
+
+
+def _plan(k: SecureKafka) -> dict[str, Any]:
+    import orjson
+
+    clean = {n: v for n, v in os.environ.items() if not n.startswith("GPUWARDEN_")}
+    out = subprocess.run(
+        [str(GPUWARDEN), "topics", "plan", "--nodes", "4", "--brokers", "1", "--prefix", PLAN_PREFIX,
+         "--cluster", "plan-c", "--bootstrap-server", k.internal, "--json"],
+        env=clean, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    doc: dict[str, Any] = orjson.loads(out.stdout)
+    return doc
+
+
+async def _create_from_argv(k: SecureKafka, argvs: list[list[str]]) -> None:
+    """The plan's ``kafka-topics.sh --create`` lines, read back and sent through the admin API
+    (the jars of deploy/kafka.sh hold no kafka-tools)."""
+    from aiokafka.admin import NewTopic
+
+    from gpuwarden.shared.bus.clients import kafka_admin
+
+    topics = []
+    for a in argvs:
+        assert a[0] == "kafka-topics.sh" and "--create" in a and "--if-not-exists" in a, a
+        val = {a[i]: a[i + 1] for i in range(len(a) - 1) if a[i].startswith("--") and not a[i + 1].startswith("--")}
+        configs = dict(a[i + 1].split("=", 1) for i in range(len(a) - 1) if a[i] == "--config")
+        topics.append(
+            NewTopic(val["--topic"], int(val["--partitions"]), int(val["--replication-factor"]), topic_configs=configs)
+        )
+    admin = kafka_admin(k.internal)
+    await admin.start()
+    try:
+        await admin.create_topics(topics)
+    finally:
+        await admin.close()
+
+
+def _acls_for(k: SecureKafka, argvs: list[list[str]], principal: str) -> None:
+    """Run the plan's ``kafka-acls.sh`` lines of ``principal`` with Kafka's own AclCommand."""
+    mine = [a for a in argvs if principal in a]
+    assert mine, principal
+    for a in mine:
+        assert a[0] == "kafka-acls.sh", a
+        cmd = k.node._java("kafka.admin.AclCommand", *a[1:], "--force")
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, (out.stdout + out.stderr)[-2000:]
+
+
+async def test_the_plans_acls_are_exactly_enough(secure_kafka: SecureKafka, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26: ``gpuwarden topics plan``'s commands against the real broker with the
+    StandardAuthorizer. The detector principal given exactly the printed ACLs starts with no
+    topic problem, consumes, commits and dead-letters; the remediator's lease works with
+    ``GPUWARDEN_CREATE_TOPICS=false`` on the lease topic the plan created; a principal with none
+    of them gets one line naming the refusal."""
+    from gpuwarden.detector.service import DetectorService, DetectorSettings
+    from gpuwarden.remediator.lease_consumer import make_lease
+    from gpuwarden.shared.bus.clients import kafka_admin, kafka_producer
+
+    doc = _plan(secure_kafka)
+    await _create_from_argv(secure_kafka, doc["kafka_topics"])
+    for who in ("User:gpuwarden-detector", "User:gpuwarden-remediator"):
+        _acls_for(secure_kafka, doc["kafka_acls"], who)
+    env = sasl_env(secure_kafka, user="gpuwarden-detector", GPUWARDEN_TOPIC_PREFIX=PLAN_PREFIX,
+                   GPUWARDEN_CREATE_TOPICS="false", GPUWARDEN_HTTP_PORT="0")  # fmt: skip
+    _set_env(monkeypatch, env)
+    svc = DetectorService(DetectorSettings())
+    await svc.start()
+    try:
+        assert svc.topic_problems == [], svc.topic_problems  # it may describe every topic of the prefix
+        feed = kafka_producer(sasl_env_settings(secure_kafka, "admin"))
+        await feed.start()
+        try:
+            await feed.send_and_wait(f"{PLAN_PREFIX}slurm.nodes", b'{"not": "a node state"}', key=b"n1")
+            good = NodeState(node="n1", ts=time.time(), state="IDLE").to_json()
+            await feed.send_and_wait(f"{PLAN_PREFIX}slurm.nodes", good, key=b"n1")
+        finally:
+            await feed.stop()
+        deadline = time.monotonic() + 60
+        while _dead_lettered(svc) < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+        assert _dead_lettered(svc) >= 1  # WRITE on the dead-letter topic
+        assert svc.health()["status"] == "ok", svc.health()
+    finally:
+        await svc.stop()
+    admin = kafka_admin(sasl_env_settings(secure_kafka, "admin"))
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets("gpuwarden-detector-events")  # the event lane
+    finally:
+        await admin.close()
+    assert any(tp.topic == f"{PLAN_PREFIX}slurm.nodes" and om.offset >= 2 for tp, om in offsets.items()), offsets
+
+    # the remediator's lease: no CREATE granted and GPUWARDEN_CREATE_TOPICS=false, on the plan's topic
+    _set_env(monkeypatch, sasl_env(secure_kafka, user="gpuwarden-remediator", GPUWARDEN_TOPIC_PREFIX=PLAN_PREFIX,
+                                   GPUWARDEN_CREATE_TOPICS="false", GPUWARDEN_REMEDIATOR_CLUSTER="plan-c"))  # fmt: skip
+    lease = make_lease(RemediatorSettings())
+    await lease.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not lease.held() and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert lease.held()
+    finally:
+        await lease.stop()
+
+    # nothing granted: one line naming what Kafka refused, exit 2, no traceback
+    clean = {n: v for n, v in os.environ.items() if not n.startswith("GPUWARDEN_")}
+    bad = {**clean, **sasl_env(secure_kafka, user="gpuwarden-nobody", GPUWARDEN_TOPIC_PREFIX=PLAN_PREFIX,
+                               GPUWARDEN_HTTP_PORT=str(free_port()))}  # fmt: skip
+    out = subprocess.run([sys.executable, "-m", "gpuwarden.detector"], env=bad, capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert len(errors) == 1 and "Authorization" in errors[0], out.stderr[-3000:]
+    print(f"\nno ACLs: {errors[0]}")
+
+
+def _dead_lettered(svc: Any) -> float:
+    from prometheus_client import generate_latest
+
+    text = generate_latest(svc.metrics.registry).decode()
+    return sum(
+        float(ln.rsplit(" ", 1)[1])
+        for ln in text.splitlines()
+        if ln.startswith("gpuwarden_") and "_dead_lettered_total{" in ln
+    )
+
+
+def sasl_env_settings(k: SecureKafka, user: str) -> BusSettings:
+    """BusSettings of ``user`` over SASL_SSL (without touching the environment)."""
+    env = sasl_env(k, user=user)
+    return BusSettings(
+        bootstrap_servers=env["GPUWARDEN_BOOTSTRAP_SERVERS"],
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username=user,
+        sasl_password=PASSWORDS[user],
+        ssl_cafile=Path(env["GPUWARDEN_SSL_CAFILE"]),
+    )

@@ -85,3 +85,27 @@ async def test_kafka_lease_one_active_standby_takes_over_one_drain(bus_env: dict
         await p.stop()
         await b.stop()
         await a.stop()
+
+
+async def test_a_missing_lease_topic_is_named_when_services_may_not_create_topics(
+    bus_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``GPUWARDEN_CREATE_TOPICS=false``: the lease creates nothing and names the command; with
+    the default it creates the topic (as many replicas as the data topics get)."""
+    from gpuwarden.remediator.lease_consumer import make_lease
+    from gpuwarden.shared.lease import LeaseTopicMissing
+
+    monkeypatch.setenv("GPUWARDEN_REMEDIATOR_LEASE", "kafka")
+    monkeypatch.setenv("GPUWARDEN_REMEDIATOR_CLUSTER", "nocreate")
+    monkeypatch.setenv("GPUWARDEN_CREATE_TOPICS", "false")
+    lease = make_lease(RemediatorSettings())
+    with pytest.raises(LeaseTopicMissing, match=r"kafka-topics\.sh --create --topic \S+remediator\.lease\.nocreate"):
+        await lease.start()
+    await lease.stop()
+    monkeypatch.setenv("GPUWARDEN_CREATE_TOPICS", "true")
+    lease = make_lease(RemediatorSettings())
+    await lease.start()
+    try:
+        assert await _until(lease.held)
+    finally:
+        await lease.stop()

@@ -27,3 +27,10 @@ def test_a_refused_login_names_the_security_settings_not_the_address() -> None:
     line = kafka_start_hint(SaslAuthenticationFailed("bad password"), {"GPUWARDEN_BOOTSTRAP_SERVERS": "k1:9093"})
     assert line.startswith("Kafka at k1:9093 refused this client: SaslAuthenticationFailed")
     assert "GPUWARDEN_SASL_" in line and "no Kafka broker answers" not in line
+
+
+def test_a_refused_acl_points_at_the_plan() -> None:
+    from aiokafka.errors import TopicAuthorizationFailedError
+
+    line = kafka_start_hint(TopicAuthorizationFailedError("plan.job.windows"), {"GPUWARDEN_BOOTSTRAP_SERVERS": "k:1"})
+    assert "refused this principal: TopicAuthorizationFailedError" in line and "gpuwarden topics plan" in line

@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import re
+import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -104,6 +105,85 @@ def topics_create(
     for k, v in res.items():
         t.add_row(k, v)
     Console().print(t)
+
+
+@topics_app.command("plan")
+def topics_plan(
+    nodes: Annotated[int, typer.Option(min=1, help="GPU nodes in the fleet")] = 1000,
+    gpus_per_node: Annotated[int, typer.Option(min=1, max=64, help="GPUs per node")] = 8,
+    interval: Annotated[
+        float, typer.Option(min=0.1, help="Collector interval, s (GPUWARDEN_COLLECTOR_INTERVAL_S)")
+    ] = 1.0,
+    brokers: Annotated[int, typer.Option(min=1, help="Brokers of the cluster (replicas: 3 on >= 3)")] = 3,
+    prefix: Annotated[str | None, typer.Option(help="Topic prefix (default GPUWARDEN_TOPIC_PREFIX)")] = None,
+    cluster: Annotated[str, typer.Option(help="Slurm cluster name of the leases (GPUWARDEN_*_CLUSTER)")] = "default",
+    bootstrap_server: Annotated[str, typer.Option(help="Address written into the printed commands")] = "KAFKA:9092",
+    principal_prefix: Annotated[str, typer.Option(help="Service principal = this + service name")] = "User:gpuwarden-",
+    command_config: Annotated[
+        str | None, typer.Option(help="--command-config file for the printed commands (the admin's client config)")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON instead")] = False,
+) -> None:
+    """Print the Kafka plan for a fleet: every topic (internal ones included) with partitions,
+    replicas, min.insync.replicas, retention and the bytes per day it expects, then the
+    kafka-topics.sh and kafka-acls.sh commands per service principal. Message sizes are measured
+    on a simulated node of --gpus-per-node GPUs when the gpuwarden package (simulation layer) is
+    installed, else the built-in measured figures are used. Talks to no broker."""
+    import shlex
+    from dataclasses import asdict
+    from importlib.util import find_spec
+
+    import orjson
+
+    from .kafkaplan import human_bytes, kafka_acls_argv, kafka_topics_argv, plan_acls, plan_topics
+
+    sizes: dict[str, float] = {}
+    basis = "built-in sizes of 8-GPU nodes"
+    ratio: float | None = None
+    if find_spec("gpuwarden.sim") is not None:
+        from gpuwarden.sim.kafkasize import measure_sizes
+
+        sizes = measure_sizes(gpus_per_node)
+        ratio = sizes.pop("gzip_ratio")
+        basis = f"measured on a simulated {gpus_per_node}-GPU node"
+    pre = prefix or BusSettings().topic_prefix
+    topics = plan_topics(nodes, gpus_per_node=gpus_per_node, interval_s=interval, prefix=pre, brokers=brokers,
+                         cluster=cluster, sizes=sizes, size_basis=basis)  # fmt: skip
+    acls = plan_acls(pre, cluster=cluster, principal_prefix=principal_prefix)
+    extra = ["--command-config", command_config] if command_config else []
+    topic_cmds = [[*c, *extra] for c in kafka_topics_argv(topics, bootstrap_server)]
+    acl_cmds = [[*c, *extra] for c in kafka_acls_argv(acls, bootstrap_server)]
+    if json_out:
+        doc = {"topics": [asdict(t) for t in topics], "acls": [asdict(a) for a in acls], "gzip_ratio": ratio,
+               "kafka_topics": topic_cmds, "kafka_acls": acl_cmds}  # fmt: skip
+        sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
+        return
+    out = Console(width=max(Console().width, 160))
+    t = Table("topic", "partitions", "replicas", "min.insync", "retention", "messages/day", "bytes/day", "stored",
+              "created by", title=f"Kafka plan: {nodes} nodes x {gpus_per_node} GPUs every {interval:g} s, "
+              f"{brokers} brokers, prefix {pre}")  # fmt: skip
+    for tp in topics:
+        days = tp.retention_days
+        ret = "compacted" if tp.configs.get("cleanup.policy") == "compact" else f"{days:g} d" if days else "default"
+        t.add_row(tp.name, str(tp.partitions), str(tp.replication_factor), str(tp.min_insync), ret,
+                  f"{tp.messages_per_day:,.0f}", human_bytes(tp.bytes_per_day), human_bytes(tp.stored_bytes),
+                  tp.created_by)  # fmt: skip
+    out.print(t)
+    day = sum(tp.bytes_per_day for tp in topics)
+    held = sum(tp.stored_bytes for tp in topics)
+    rf = topics[0].replication_factor
+    out.print(f"total: {human_bytes(day)}/day and {human_bytes(held)} held per replica, uncompressed; "
+              f"x{rf} replicas = {human_bytes(held * rf)} of broker disk", soft_wrap=True)  # fmt: skip
+    if ratio:
+        out.print(f"gzip of one node's 50-sample batch: x{ratio:.1f} smaller (simulated samples; larger "
+                  "batches of many nodes compress better)", soft_wrap=True)  # fmt: skip
+    out.print("basis: " + "; ".join(sorted({f"{tp.short}: {tp.basis}" for tp in topics})), soft_wrap=True)
+    out.print("\n# topics (as an admin principal)")
+    for c in topic_cmds:
+        out.print(shlex.join(c), soft_wrap=True, markup=False, highlight=False)
+    out.print("\n# ACLs: each service principal gets exactly these")
+    for c in acl_cmds:
+        out.print(shlex.join(c), soft_wrap=True, markup=False, highlight=False)
 
 
 @topics_app.command("list")

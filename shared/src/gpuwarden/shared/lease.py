@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["KafkaLease", "Lease", "LeaseBoard", "MemoryLease", "NoLease"]
+__all__ = ["KafkaLease", "Lease", "LeaseBoard", "LeaseTopicMissing", "MemoryLease", "NoLease"]
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,10 @@ class MemoryLease:
         return bool(self.board.members) and self.board.members[0] is self
 
 
+class LeaseTopicMissing(RuntimeError):
+    """The lease topic is missing and this service may not create topics."""
+
+
 class KafkaLease:
     """:class:`Lease` = owning partition 0 of a one-partition topic in a consumer group (aiokafka).
 
@@ -110,6 +114,8 @@ class KafkaLease:
         client_kwargs: extra aiokafka client arguments (security settings).
         name: what the log calls the holder (``remediator``, ``slurm-watcher``).
         clock: wall clock, epoch s (tests pass a fake).
+        create: create the topic when it is missing (``GPUWARDEN_CREATE_TOPICS``); False: a
+            missing topic is a ``LeaseTopicMissing`` naming the ``kafka-topics.sh`` command.
     """
 
     def __init__(
@@ -122,7 +128,9 @@ class KafkaLease:
         *,
         name: str = "replica",
         clock: Callable[[], float] = time.time,
+        create: bool = True,
     ) -> None:
+        self.create = create
         self.bootstrap_servers = bootstrap_servers
         self._kw = {k: v for k, v in (client_kwargs or {}).items() if k != "bootstrap_servers"}
         self.topic = topic
@@ -148,13 +156,27 @@ class KafkaLease:
         from aiokafka.errors import TopicAlreadyExistsError
 
         from .bus.clients import kafka_admin
+        from .topics import replication_plan
 
         admin = kafka_admin(self._connection())
         await admin.start()
         try:
-            if self.topic not in await admin.list_topics():
-                with contextlib.suppress(TopicAlreadyExistsError):
-                    await admin.create_topics([NewTopic(self.topic, num_partitions=1, replication_factor=1)])
+            if self.topic in await admin.list_topics():
+                return
+            cluster = await admin.describe_cluster()
+            rf, isr = replication_plan(len(cluster.get("brokers", [])) or 1)
+            if not self.create:
+                raise LeaseTopicMissing(
+                    f"lease topic {self.topic} does not exist and GPUWARDEN_CREATE_TOPICS=false: create it with "
+                    f"kafka-topics.sh --create --topic {self.topic} --partitions 1 --replication-factor {rf} "
+                    "(gpuwarden topics plan prints it)"
+                )
+            configs = {"min.insync.replicas": str(isr)} if rf > 1 else {}
+            with contextlib.suppress(TopicAlreadyExistsError):
+                # as many replicas as the data topics: the lease must survive a broker going down
+                await admin.create_topics(
+                    [NewTopic(self.topic, num_partitions=1, replication_factor=rf, topic_configs=configs)]
+                )
         finally:
             await admin.close()
 

@@ -407,6 +407,11 @@ def kafka_start_hint(exc: BaseException, env: Mapping[str, str]) -> str:
     address was set and that command exists."""
     servers = env.get("GPUWARDEN_BOOTSTRAP_SERVERS")
     where = servers or "127.0.0.1:9092 (the default: GPUWARDEN_BOOTSTRAP_SERVERS is not set)"
+    if "Authorization" in type(exc).__name__:
+        return (
+            f"Kafka at {where} refused this principal: {type(exc).__name__}: {exc}; grant it the ACLs that "
+            "`gpuwarden topics plan` prints for this service"
+        )
     if not isinstance(exc, KafkaConnectionError):
         return (
             f"Kafka at {where} refused this client: {type(exc).__name__}: {exc}; check GPUWARDEN_SECURITY_PROTOCOL, "

@@ -312,7 +312,8 @@ class PendingStage:
     def _answered(self) -> dict[str, set[str]]:
         """Failure id -> beginnings of its ``cannot_determine`` entries that a finding folded into
         it settled (``Explain.answers``). Kept in ``__dict__`` so a snapshot from before it restores."""
-        return self.__dict__.setdefault("answered", {})
+        answered: dict[str, set[str]] = self.__dict__.setdefault("answered", {})
+        return answered
 
     def _out(self, f: Failure) -> Failure:
         """``f`` as published: with the evidence folded into it, without what that evidence

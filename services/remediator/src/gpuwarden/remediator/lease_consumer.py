@@ -31,6 +31,7 @@ def make_lease(settings: RemediatorSettings) -> Lease:
         f"{settings.consumer_group or 'gpuwarden-remediator'}-lease",
         client_kwargs=settings.kafka_kwargs(),
         name="remediator",
+        create=settings.create_topics,
     )
 
 

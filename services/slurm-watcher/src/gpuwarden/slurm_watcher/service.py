@@ -54,6 +54,7 @@ def kafka_lease(
     cluster: str,
     session_timeout_ms: int = 10_000,
     client_kwargs: dict[str, Any] | None = None,
+    create: bool = True,
 ) -> KafkaLease:
     """The single-publisher lease of one cluster: every watcher of ``cluster`` joins the group
     ``{prefix}slurm-watcher.{cluster}`` on the one-partition topic
@@ -65,6 +66,7 @@ def kafka_lease(
         cluster: cluster name (``[A-Za-z0-9._-]{1,100}``); one lease per cluster.
         session_timeout_ms: how long a dead holder keeps the lease, ms.
         client_kwargs: extra aiokafka client arguments (security settings).
+        create: create the lease topic when missing (``GPUWARDEN_CREATE_TOPICS``).
 
     Raises:
         ValueError: bad cluster name.
@@ -78,6 +80,7 @@ def kafka_lease(
         session_timeout_ms,
         client_kwargs,
         name="slurm-watcher",
+        create=create,
     )
 
 
@@ -201,6 +204,7 @@ class SlurmWatcher(Service):
                 s.slurm_watcher_cluster,
                 s.slurm_watcher_lease_session_ms,
                 client_kwargs=s.kafka_kwargs(),
+                create=s.create_topics,
             )
         return NoLease()
 

@@ -211,6 +211,7 @@ class Producer:
             request_timeout_ms=int(self._timeout_s * 1000),
             max_batch_size=1 << 20,
             max_request_size=MAX_MESSAGE_BYTES + 4096,
+            compression_type=None if s.producer_compression == "none" else s.producer_compression,
         )
         try:
             await p.start()
