@@ -236,17 +236,21 @@ class Service:
         """Validate the topics against the cluster at start (missing, under-replicated, a low
         ``min.insync.replicas``): each problem is logged as an error and listed in ``/healthz``
         (``topic_problems``); the service still starts (the topics are the operator's to fix
-        with ``gpuwarden topics create``)."""
+        with ``gpuwarden topics create``), unless not one topic exists on the prefix
+        (:class:`~gpuwarden.shared.topics.TopicsMissing`, raised: a wrong prefix)."""
         if not isinstance(self.producer, Producer) or not self.settings.bootstrap_servers:
             return
-        from .topics import check_topics
+        from .topics import TopicsMissing, check_topics
 
         try:
             problems = await check_topics(
                 self.settings.bootstrap_servers,
                 self.settings.topic_prefix,
                 client_kwargs=self.settings.kafka_kwargs(),
+                none_is_fatal=True,
             )
+        except TopicsMissing:
+            raise  # a wrong prefix: say so now, not 40 s later as an unknown-topic error
         except Exception as exc:
             log.warning("%s: cannot check the topics on the cluster: %s", self.name, exc)
             return

@@ -18,7 +18,16 @@ from pydantic import BaseModel
 
 from . import models as m
 
-__all__ = ["TOPICS", "TopicSpec", "create_topics", "replication_plan", "topic"]
+__all__ = [
+    "TOPICS",
+    "TopicSpec",
+    "TopicsMissing",
+    "check_topics",
+    "create_topics",
+    "prefix_hint",
+    "replication_plan",
+    "topic",
+]
 
 
 @dataclass(frozen=True)
@@ -335,12 +344,31 @@ async def _wait_known(admin: AIOKafkaAdminClient, names: list[str], nodes: list[
             await asyncio.sleep(0.1)
 
 
+class TopicsMissing(ValueError):
+    """None of gpuwarden's topics exists with the configured prefix (a wrong
+    ``GPUWARDEN_TOPIC_PREFIX``, or ``gpuwarden topics create`` never ran): nothing could work."""
+
+
+def prefix_hint(existing: set[str], prefix: str) -> str:
+    """``" (this cluster has them with prefix 'x.')"`` when the registered topics (half of them
+    at least) exist under another prefix (the closest to ``prefix`` when several do), else ``""``."""
+    found = sorted({name[: -len(spec.name)] for spec in TOPICS.values() for name in existing
+                    if name.endswith(spec.name) and name != spec.full(prefix)})  # fmt: skip
+    import difflib
+
+    counts = {p: sum(1 for spec in TOPICS.values() if spec.full(p) in existing) for p in found}
+    full = [p for p, n in counts.items() if n >= len(TOPICS) // 2]
+    near = difflib.get_close_matches(prefix, full, n=1, cutoff=0.5) or sorted(full)[:1]
+    return f" (this cluster has them with prefix {near[0]!r})" if near else ""
+
+
 async def check_topics(
     bootstrap_servers: str,
     prefix: str = "gpuwarden.",
     *,
     client_kwargs: dict[str, Any] | None = None,
     timeout_ms: int = 10000,
+    none_is_fatal: bool = False,
 ) -> list[str]:
     """What is wrong with this prefix's topics on the cluster, checked at a service's start.
 
@@ -355,6 +383,8 @@ async def check_topics(
 
     Raises:
         aiokafka.errors.KafkaError: the cluster is unreachable.
+        TopicsMissing: with ``none_is_fatal``, when not one registered topic exists on the
+            prefix (the message names the prefix, and the one the cluster has them under).
     """
     from .bus.clients import kafka_admin
 
@@ -370,6 +400,12 @@ async def check_topics(
         existing = set(await admin.list_topics())
         names = [spec.full(prefix) for spec in TOPICS.values()]
         missing = [n for n in names if n not in existing]
+        if none_is_fatal and len(missing) == len(names):
+            raise TopicsMissing(
+                f"none of gpuwarden's {len(names)} topics exists with prefix {prefix!r} on {bootstrap_servers}"
+                f"{prefix_hint(existing, prefix)}: check GPUWARDEN_TOPIC_PREFIX, or create them with "
+                "`gpuwarden topics create` (or the lines of `gpuwarden topics plan`)"
+            )
         if missing:
             problems.append(
                 f"{len(missing)} topics missing ({', '.join(missing[:4])}...): run `gpuwarden topics create`"
