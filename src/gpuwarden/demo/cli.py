@@ -72,7 +72,8 @@ def _failure_panel(f: Failure, sim_start: float) -> Panel:
         g.add_row("evidence", escape(f"{e.signal}={e.value} {e.unit or ''} at t={e.ts - sim_start:.1f}s: {e.source}"))
     g.add_row(
         "cost",
-        f"{f.cost.affected_gpus} GPUs, ${f.cost.usd_per_hour:.2f}/h, {f.cost.gpu_hours_lost:.3f} GPU-h lost so far",
+        f"{f.cost.affected_gpus} GPUs, ${f.cost.usd_per_hour:.2f}/h, {f.cost.gpu_hours_lost:.3f} GPU-h since it was "
+        "first seen (the work the job lost is in its verdict)",
     )
     g.add_row("action", f.recommended_action.value)
     for c in f.cannot_determine:
