@@ -240,6 +240,8 @@ class Service:
         (:class:`~gpuwarden.shared.topics.TopicsMissing`, raised: a wrong prefix)."""
         if not isinstance(self.producer, Producer) or not self.settings.bootstrap_servers:
             return
+        from aiokafka.errors import TopicAuthorizationFailedError
+
         from .topics import TopicsMissing, check_topics
 
         try:
@@ -249,8 +251,8 @@ class Service:
                 client_kwargs=self.settings.kafka_kwargs(),
                 none_is_fatal=True,
             )
-        except TopicsMissing:
-            raise  # a wrong prefix: say so now, not 40 s later as an unknown-topic error
+        except (TopicsMissing, TopicAuthorizationFailedError):
+            raise  # a wrong prefix or no ACLs: say so now, not 40 s later as an unknown-topic error
         except Exception as exc:
             log.warning("%s: cannot check the topics on the cluster: %s", self.name, exc)
             return

@@ -401,6 +401,12 @@ async def check_topics(
         names = [spec.full(prefix) for spec in TOPICS.values()]
         missing = [n for n in names if n not in existing]
         if none_is_fatal and len(missing) == len(names):
+            # absent, or only hidden from a principal without DESCRIBE? the broker says which
+            [desc] = await admin.describe_topics([names[0]])
+            if desc.get("error_code") == 29:  # TOPIC_AUTHORIZATION_FAILED
+                from aiokafka.errors import TopicAuthorizationFailedError
+
+                raise TopicAuthorizationFailedError(f"this principal may not DESCRIBE the topics of {prefix!r}")
             raise TopicsMissing(
                 f"none of gpuwarden's {len(names)} topics exists with prefix {prefix!r} on {bootstrap_servers}"
                 f"{prefix_hint(existing, prefix)}: check GPUWARDEN_TOPIC_PREFIX, or create them with "
