@@ -25,6 +25,7 @@ __all__ = [
     "parse_dcgm_exporter_scrape",
     "parse_scrape",
     "read_dcgm_scrapes",
+    "xid_event",
 ]
 
 #: DCGM field -> (GpuSample field, factor). Bitmasks, XIDs and NVLink totals are handled apart.
@@ -282,6 +283,27 @@ def parse_dcgm_exporter_scrape(text: str) -> dict[str, Any]:
     return {"series": [vars(s) for s in series], "gpus": gpus}
 
 
+def xid_event(
+    node: str, ts: float, gpu: int, xid: int, pci_bus_id: str | None, uuid: str | None, why: str = ""
+) -> GpuEvent:
+    """The XID event a change of ``DCGM_FI_DEV_XID_ERRORS`` to ``xid`` stands for (DCGM keeps the
+    GPU's last XID code, no time and no text: ``ts`` is the scrape's)."""
+    raw = f'DCGM_FI_DEV_XID_ERRORS{{gpu="{gpu}"}} {xid}'
+    return GpuEvent(
+        event_id=stable_id(node, ts, "xid", xid, raw),
+        node=node,
+        ts=ts,
+        kind=EventKind.XID,
+        code=xid,
+        gpu_index=gpu,
+        pci_bus_id=pci_bus_id,
+        gpu_uuid=uuid,
+        message=f"DCGM_FI_DEV_XID_ERRORS changed (last XID of the GPU{why})",
+        raw=raw,
+        source="dcgm-exporter",
+    )
+
+
 def _split_scrapes(name: str, text: str, tp: TimeParser) -> list[tuple[float | None, str]]:
     marks = list(_SCRAPE_AT_RE.finditer(text))
     if marks:
@@ -336,21 +358,6 @@ def read_dcgm_scrapes(
                     xid = r.pop("_xid", None)
                     if xid is not None:
                         if xid != 0 and last_xid.get(key) != xid:
-                            raw = f'DCGM_FI_DEV_XID_ERRORS{{gpu="{idx}"}} {xid}'
-                            events.append(
-                                GpuEvent(
-                                    event_id=stable_id(node, t, "xid", xid, raw),
-                                    node=node,
-                                    ts=t,
-                                    kind=EventKind.XID,
-                                    code=xid,
-                                    gpu_index=idx,
-                                    pci_bus_id=r.get("pci_bus_id"),
-                                    gpu_uuid=r.get("uuid"),
-                                    message="DCGM_FI_DEV_XID_ERRORS changed (last XID of the GPU)",
-                                    raw=raw,
-                                    source="dcgm-exporter",
-                                )
-                            )
+                            events.append(xid_event(node, t, idx, xid, r.get("pci_bus_id"), r.get("uuid")))
                         last_xid[key] = xid
                     yield t, idx, r

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gpuwarden.shared.models import EventKind, GpuEvent, GpuSample, NodeSample, stable_id
+from gpuwarden.shared.models import GpuEvent, GpuSample, NodeSample
 from gpuwarden.shared.nvidia.kernel_log import KernelLogParser
 
 from .base import Clock, LineReader, default_collector_id, resolve_gpu
@@ -147,22 +147,9 @@ class DcgmExporterSource:
         self._last_xid[g.index] = xid
         if seen is None or xid == 0 or xid == seen:
             return
-        raw = f'DCGM_FI_DEV_XID_ERRORS{{gpu="{g.index}"}} {xid}'
-        self._pending.append(
-            GpuEvent(
-                event_id=stable_id(self.node, ts, "xid", xid, raw),
-                node=self.node,
-                ts=ts,
-                kind=EventKind.XID,
-                code=xid,
-                gpu_index=g.index,
-                pci_bus_id=g.pci_bus_id,
-                gpu_uuid=g.uuid,
-                message="DCGM_FI_DEV_XID_ERRORS changed (last XID of the GPU; no kernel log read)",
-                raw=raw,
-                source="dcgm-exporter",
-            )
-        )
+        from ..recordings.dcgm import xid_event
+
+        self._pending.append(xid_event(self.node, ts, g.index, xid, g.pci_bus_id, g.uuid, "; no kernel log read"))
 
     async def events(self) -> list[GpuEvent]:
         out, self._pending = self._pending, []
