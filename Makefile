@@ -5,12 +5,15 @@ BIN := $(VENV)/bin
 PKGS := -e shared -e services/collector -e services/slurm-watcher -e services/correlator \
         -e services/detector -e services/otlp-bridge -e services/remediator -e services/health-check -e services/console -e .
 
-.PHONY: dev demo test test-unit test-scored test-integration test-speed check lint docs schemas kafka-fetch clean
+.PHONY: dist wheelhouse lock dev demo test test-unit test-scored test-integration test-speed check lint docs schemas kafka-fetch clean
 
-$(BIN)/gpuwarden: pyproject.toml shared/pyproject.toml services/*/pyproject.toml requirements-dev.txt
+# the runtime dependencies at requirements.lock's versions (its pins, without the hashes, as
+# constraints: editable installs cannot be hash-checked), as dist/ installs them
+$(BIN)/gpuwarden: pyproject.toml shared/pyproject.toml services/*/pyproject.toml requirements-dev.txt requirements.lock
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q $(PKGS) -r requirements-dev.txt
+	grep -E '^[A-Za-z0-9]' requirements.lock | sed 's/ .*//' > $(VENV)/lock-pins.txt
+	$(BIN)/pip install -q -c $(VENV)/lock-pins.txt $(PKGS) -r requirements-dev.txt
 	touch $@
 
 ## dev: create .venv with every package (editable) and the test tools
@@ -60,5 +63,20 @@ schemas: dev
 kafka-fetch:
 	bash deploy/kafka.sh fetch
 
+## dist: wheel + sdist of every package into dist/ (with their hashes, the lock and the install script)
+dist: dev
+	rm -rf dist
+	PY=$(BIN)/python bash deploy/build-dist.sh dist dist
+
+## wheelhouse: the files of requirements.lock into wheelhouse/, checked against its hashes (network)
+wheelhouse: dev
+	PY=$(BIN)/python bash deploy/build-dist.sh wheelhouse wheelhouse
+
+## lock: regenerate requirements.in (from the pyproject.toml files) and requirements.lock (hashes)
+lock: dev
+	$(BIN)/python deploy/requirements-in.py > requirements.in
+	$(BIN)/pip-compile --quiet --upgrade --generate-hashes --allow-unsafe --strip-extras --no-emit-index-url \
+	    --no-emit-find-links --output-file requirements.lock requirements.in
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf dist wheelhouse $(VENV) .pytest_cache .mypy_cache .ruff_cache

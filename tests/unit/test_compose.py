@@ -21,7 +21,16 @@ from typer.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpuwarden" / "compose-spec"
-SERVICES = {"collector", "slurm-watcher", "correlator", "correlator-events", "detector", "otlp-bridge", "remediator"}
+SERVICES = {
+    "collector",
+    "slurm-watcher",
+    "correlator",
+    "correlator-events",
+    "detector",
+    "otlp-bridge",
+    "remediator",
+    "console",
+}
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +64,10 @@ def test_compose_runs_kafka_kraft_and_all_six_services(compose: dict) -> None:
     kafka_env = services["kafka"]["environment"]
     assert kafka_env["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft, no ZooKeeper
     assert services["remediator"]["environment"]["GPUWARDEN_REMEDIATOR_ENFORCE"] == "false"
+    # issue 26, item 1: the correlator's two lanes (samples, events) and the console
+    assert services["correlator"]["environment"]["GPUWARDEN_CORRELATOR_LANE"] == "samples"
+    assert services["correlator-events"]["environment"]["GPUWARDEN_CORRELATOR_LANE"] == "events"
+    assert services["console"]["command"] == ["gpuwarden", "console"]
 
 
 def test_invalid_compose_is_rejected(compose_schema: dict, compose: dict) -> None:
