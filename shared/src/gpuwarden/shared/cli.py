@@ -131,18 +131,20 @@ def topics_plan(
     installed, else the built-in measured figures are used. Talks to no broker."""
     import shlex
     from dataclasses import asdict
-    from importlib.util import find_spec
 
     import orjson
 
     from .kafkaplan import human_bytes, kafka_acls_argv, kafka_topics_argv, plan_acls, plan_topics
+    from .plugins import PluginMissing, load_plugin
 
     sizes: dict[str, float] = {}
     basis = "built-in sizes of 8-GPU nodes"
     ratio: float | None = None
-    if find_spec("gpuwarden.sim") is not None:
-        from gpuwarden.sim.kafkasize import measure_sizes
-
+    try:
+        measure_sizes = load_plugin("gpuwarden.message_sizes", "simulated", "the simulated message sizes")
+    except PluginMissing:
+        measure_sizes = None  # a production install without the simulation layer: built-in sizes
+    if measure_sizes is not None:
         sizes = measure_sizes(gpus_per_node)
         ratio = sizes.pop("gzip_ratio")
         basis = f"measured on a simulated {gpus_per_node}-GPU node"
