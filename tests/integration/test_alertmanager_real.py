@@ -305,7 +305,7 @@ async def test_remediator_service_dry_run_xid79_reaches_alertmanager_as_critical
         "GPUWARDEN_HTTP_PORT": str(port),
         "GPUWARDEN_REMEDIATOR_ALERTMANAGER_URL": alertmanager,
         "GPUWARDEN_REMEDIATOR_CLUSTER": "prod-a",
-        "GPUWARDEN_REMEDIATOR_EXTERNAL_URL": "http://gpuwarden-central:9405",
+        "GPUWARDEN_REMEDIATOR_EXTERNAL_URL": "http://gpuwarden-central:9475",
         # no Slurm here: the simulated backend stands in for scontrol (dry-run touches neither)
         "GPUWARDEN_REMEDIATOR_BACKEND": "simulated",
         "GPUWARDEN_REMEDIATOR_SCENARIO": str(scenario),
@@ -364,7 +364,7 @@ async def test_remediator_service_dry_run_xid79_reaches_alertmanager_as_critical
         }  # fmt: skip
         assert a["annotations"]["runbook_url"].endswith("/docs/runbooks/gpu-fallen-off-bus.md")
         assert "dry-run" in a["annotations"]["summary"]
-        assert a["generatorURL"] == f"http://gpuwarden-central:9405/failures/{xid.failure_id}"
+        assert a["generatorURL"] == f"http://gpuwarden-central:9475/failures/{xid.failure_id}"
         assert a["status"]["state"] == "active" and [r["name"] for r in a["receivers"]] == ["pager"]
         assert a["startsAt"].startswith(time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now - 30)))
         await _wait(lambda: rec.alerts("pager"))  # and routed: the pager's webhook got it

@@ -410,35 +410,42 @@ def prometheus(
         log.close()
 
 
-def test_prometheus_scrapes_the_gpu_series_with_job_labels(
+def test_prometheus_scrapes_the_gpu_series_and_joins_the_job(
     prometheus: int, bridge_metrics_port: tuple[OtlpBridge, int]
 ) -> None:
+    """GPU series without job labels (GPUWARDEN_OTLP_BRIDGE_PROM_JOB_LABELS=info), the job on
+    gpuwarden_gpu_job_info, joined by a real Prometheus as the rules and the dashboard do."""
     bridge, _ = bridge_metrics_port
     bridge.on_sample(attributed())
     bridge.on_event(an_xid())
-    query = urllib.parse.quote('gpuwarden_gpu_utilization_ratio{job_id="42"}')
-    url = f"http://127.0.0.1:{prometheus}/api/v1/query?query={query}"
+    join = " * on(node, gpu) group_left(job_id, user, partition) gpuwarden_gpu_job_info"
+
+    def query(expr: str) -> list[Any]:
+        url = f"http://127.0.0.1:{prometheus}/api/v1/query?query={urllib.parse.quote(expr)}"
+        return http_json(url)["data"]["result"]
+
     deadline = time.monotonic() + 30
     result: list[Any] = []
     while time.monotonic() < deadline and not result:
-        result = http_json(url)["data"]["result"]
+        result = query("gpuwarden_gpu_utilization_ratio" + join + '{job_id="42"}')
         time.sleep(0.3)
     assert len(result) == 1
     labels = result[0]["metric"]
     assert labels == {
-        "__name__": "gpuwarden_gpu_utilization_ratio", "instance": labels["instance"],
-        "job": "gpuwarden-otlp-bridge", "node": "n1", "gpu": "0", "uuid": "GPU-0",
+        "instance": labels["instance"], "job": "gpuwarden-otlp-bridge", "node": "n1", "gpu": "0", "uuid": "GPU-0",
         "pci_bus_id": "0000:01:00.0", "model": "NVIDIA H100", "job_id": "42", "user": "alice", "partition": "gpu",
     }  # fmt: skip
     assert float(result[0]["value"][1]) == 0.5
-    q = urllib.parse.quote('sum by (job_id, error_type) (gpuwarden_gpu_errors_total{node="n1"})')
-    errors = http_json(f"http://127.0.0.1:{prometheus}/api/v1/query?query={q}")["data"]["result"]
-    got = {(r["metric"].get("job_id", ""), r["metric"]["error_type"]): float(r["value"][1]) for r in errors}
-    assert got == {("42", "corrected"): 3, ("42", "uncorrected"): 0, ("42", "pcie_replay"): 7, ("42", "xid_79"): 1,
-                   ("42", "nvlink_crc_flit"): 7, ("42", "nvlink_crc_data"): 1, ("42", "nvlink_replay"): 0,
-                   ("42", "nvlink_recovery"): 3,
-                   ("", "corrected"): 3, ("", "uncorrected"): 0, ("", "pcie_replay"): 7}  # fmt: skip
-    q = urllib.parse.quote('gpuwarden_gpu_nvlink_errors_total{node="n1",error_type="crc_flit"}')
-    nvl = http_json(f"http://127.0.0.1:{prometheus}/api/v1/query?query={q}")["data"]["result"]
+    [raw] = query('gpuwarden_gpu_utilization_ratio{gpu="0"}')
+    assert "job_id" not in raw["metric"]
+    info = query("gpuwarden_gpu_job_info")
+    assert [(r["metric"]["gpu"], r["metric"]["job_id"]) for r in info] == [("0", "42")]  # GPU 1 is idle: none
+    errors = query('sum by (gpu, error_type) (gpuwarden_gpu_errors_total{node="n1"})')
+    got = {(r["metric"]["gpu"], r["metric"]["error_type"]): float(r["value"][1]) for r in errors}
+    assert got == {("0", "corrected"): 3, ("0", "uncorrected"): 0, ("0", "pcie_replay"): 7, ("0", "xid_79"): 1,
+                   ("0", "nvlink_crc_flit"): 7, ("0", "nvlink_crc_data"): 1, ("0", "nvlink_replay"): 0,
+                   ("0", "nvlink_recovery"): 3,
+                   ("1", "corrected"): 3, ("1", "uncorrected"): 0, ("1", "pcie_replay"): 7}  # fmt: skip
+    nvl = query('gpuwarden_gpu_nvlink_errors_total{node="n1",error_type="crc_flit"}' + join)
     assert {(r["metric"]["job_id"], r["metric"]["link"]): float(r["value"][1]) for r in nvl} == {
         ("42", "0"): 5, ("42", "1"): 2}  # fmt: skip

@@ -84,7 +84,8 @@ async def test_bridge_consumes_kafka_and_dead_letters_bad_messages(bus_env: dict
         assert value == 321.0
         assert (attrs["host.name"], attrs["hw.id"], attrs["slurm.job.id"]) == ("n1", "GPU-0", "77")
         text = generate_latest(svc.metrics.registry).decode()
-        assert 'gpuwarden_gpu_power_watts{gpu="0",job_id="77",model="",node="n1"' in text
+        assert 'gpuwarden_gpu_power_watts{gpu="0",model="",node="n1"' in text
+        assert 'gpuwarden_gpu_job_info{gpu="0",job_id="77",node="n1",partition="gpu",user="alice"} 1.0' in text
         assert 'gpuwarden_failures_total{node="n1",pattern="gpu-fallen-off-bus",severity="fatal"} 1.0' in text
 
         dead: list[DeadLetter] = []

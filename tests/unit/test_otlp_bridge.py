@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from opentelemetry._logs import SeverityNumber
@@ -67,12 +67,13 @@ JOB = GpuAttribution(gpu_index=0, job_id="42", user="alice", partition="gpu")
 
 
 class Harness:
-    def __init__(self, staleness_s: float = 60.0) -> None:
+    def __init__(self, staleness_s: float = 60.0, prom_job_labels: Literal["info", "series"] = "info") -> None:
         self.reader = InMemoryMetricReader()
         self.logs = InMemoryLogRecordExporter()
         self.bridge = OtlpBridge(
             resource=Resource({"service.name": "test-bridge"}), metric_readers=[self.reader],
             log_exporters=[self.logs], log_processor="simple", staleness_s=staleness_s, clock=lambda: NOW,
+            prom_job_labels=prom_job_labels,
         )  # fmt: skip
         self.registry = CollectorRegistry()
         self.registry.register(self.bridge.collector)
@@ -140,7 +141,19 @@ def test_job_change_replaces_the_series(h: Harness) -> None:
     h.bridge.on_sample(sample("n1", NOW - 5, [gpu(0)], [JOB]))
     h.bridge.on_sample(sample("n1", NOW, [gpu(0)], [GpuAttribution(gpu_index=0, job_id="43", user="bob")]))
     assert [a["slurm.job.id"] for a, _ in h.points()["hw.power"]] == ["43"]
-    assert [lab["job_id"] for lab, _ in h.prom()["gpuwarden_gpu_power_watts"]] == ["43"]
+    prom = h.prom()
+    assert [lab["gpu"] for lab, _ in prom["gpuwarden_gpu_power_watts"]] == ["0"]  # same series: no job labels
+    assert "job_id" not in prom["gpuwarden_gpu_power_watts"][0][0]
+    assert [(lab["job_id"], lab["user"]) for lab, _ in prom["gpuwarden_gpu_job_info"]] == [("43", "bob")]
+
+
+def test_job_change_replaces_the_series_with_job_labels_on_every_series() -> None:
+    harness = Harness(prom_job_labels="series")
+    harness.bridge.on_sample(sample("n1", NOW - 5, [gpu(0)], [JOB]))
+    harness.bridge.on_sample(sample("n1", NOW, [gpu(0)], [GpuAttribution(gpu_index=0, job_id="43", user="bob")]))
+    prom = harness.prom()
+    assert [lab["job_id"] for lab, _ in prom["gpuwarden_gpu_power_watts"]] == ["43"]
+    assert "gpuwarden_gpu_job_info" not in prom
 
 
 def test_stale_series_are_dropped(h: Harness) -> None:
@@ -228,8 +241,13 @@ def test_metrics_text_has_the_expected_series(h: Harness) -> None:
     prom = h.prom()
     ((labels, value),) = prom["gpuwarden_gpu_utilization_ratio"]
     assert value == 0.5
-    assert labels == {"node": "n1", "gpu": "0", "uuid": "GPU-0", "pci_bus_id": "0000:00:00.0", "model": "NVIDIA H100",
-                      "job_id": "42", "user": "alice", "partition": "gpu"}  # fmt: skip
+    assert labels == {"node": "n1", "gpu": "0", "uuid": "GPU-0", "pci_bus_id": "0000:00:00.0", "model": "NVIDIA H100"}
+    assert prom["gpuwarden_gpu_job_info"] == [
+        ({"node": "n1", "gpu": "0", "job_id": "42", "user": "alice", "partition": "gpu"}, 1.0)
+    ]
+    # a failure keeps its job labels: one series per open failure, readable after the job left job_info
+    ((flabels, _),) = prom["gpuwarden_failure_open"]
+    assert (flabels["job_id"], flabels["user"]) == ("42", "alice")
     assert prom["gpuwarden_gpu_memory_used_bytes"][0][1] == 1024**3
     assert prom["gpuwarden_gpu_sm_clock_hertz"][0][1] == 1.98e9
     assert prom["gpuwarden_gpu_last_sample_timestamp_seconds"][0][1] == NOW
@@ -260,7 +278,8 @@ async def test_service_routes_messages_and_registers_the_collector() -> None:
         with pytest.raises(TypeError):
             await svc.handle("health", HealthCheckResult(node="n1", ts=NOW, phase="prolog", check="x", passed=True))
         text = generate_latest(svc.metrics.registry).decode()
-        assert 'gpuwarden_gpu_power_watts{gpu="0",job_id="42"' in text
+        assert 'gpuwarden_gpu_power_watts{gpu="0",model="NVIDIA H100",node="n1"' in text
+        assert 'gpuwarden_gpu_job_info{gpu="0",job_id="42",node="n1",partition="gpu",user="alice"} 1.0' in text
         assert "gpuwarden_messages_in" in text  # the service's own metrics stay there
         assert len(logs.get_finished_logs()) == 1
     finally:

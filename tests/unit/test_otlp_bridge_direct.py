@@ -324,13 +324,17 @@ def test_xid_counts_do_not_carry_over_to_the_next_job(
                                job=job43))  # fmt: skip
     b.on_event(xid("e4"))  # a late event of job 42: logged, not counted under job 43
     assert xids(direct_and_sdk(b, reader)) == {("43", "xid_79"): 1}
+    samples = [s for f in text_string_to_metric_families(generate_latest(registry(b)).decode()) for s in f.samples]
+    # /metrics (job labels on gpuwarden_gpu_job_info): the GPU's XID series counts job 43's events only
     prom = {
-        (s.labels["job_id"], s.labels["error_type"]): s.value
-        for f in text_string_to_metric_families(generate_latest(registry(b)).decode())
-        for s in f.samples
+        s.labels["error_type"]: s.value
+        for s in samples
         if s.name == "gpuwarden_gpu_errors_total" and s.labels["gpu"] == "0" and s.labels["error_type"][:3] == "xid"
     }
-    assert prom == {("43", "xid_79"): 1}  # fmt: skip
+    assert prom == {"xid_79": 1}
+    assert [s.labels["job_id"] for s in samples if s.name == "gpuwarden_gpu_job_info" and s.labels["gpu"] == "0"] == [
+        "43"
+    ]
 
 
 def registry(b: OtlpBridge) -> CollectorRegistry:

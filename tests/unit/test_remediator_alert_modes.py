@@ -90,12 +90,12 @@ async def test_a_fatal_xid79_alerts_in_dry_run_exactly_as_when_enforcing(enforce
 
 
 async def test_generator_url_falls_back_to_the_remediators_failure_page() -> None:
-    r, _, sink = make(False, remediator_external_url="http://central:9402")
+    r, _, sink = make(False, remediator_external_url="http://central:9475")
     await r.seed()
     f = xid79(pattern="thermal-throttle", severity=Severity.CRITICAL, failure_id="feedfacefeedface")
     rem = await r.handle_failure(f)
     assert rem.decision.value == "dry-run"
-    assert _only(sink).generator_url == "http://central:9402/failures/feedfacefeedface"
+    assert _only(sink).generator_url == "http://central:9475/failures/feedfacefeedface"
     req = make_mocked_request("GET", "/failures/feedfacefeedface", match_info={"failure_id": "feedfacefeedface"})
     resp = await r.views.failure(req)
     assert resp.status == 200 and b"feedfacefeedface" in resp.body  # type: ignore[operator]

@@ -108,6 +108,7 @@ class OtlpBridge:
         max_request_bytes: int = 4_000_000,
         naming: Literal["otel", "dcgm"] = "otel",
         log_queue_size: int = 2048,
+        prom_job_labels: Literal["info", "series"] = "info",
     ) -> None:
         self.resource = resource if resource is not None else build_resource()
         self._readers = list(metric_readers)
@@ -127,7 +128,8 @@ class OtlpBridge:
         # OTel name -> points left out at the last collection because the instrument would
         # pass the cardinality limit (the SDK would fold them into otel_metric_overflow)
         self.series_over_limit: dict[str, int] = {}
-        self.collector = BridgeCollector(self.store, self.series_over_limit, self.export_stats, naming=naming)
+        self.collector = BridgeCollector(self.store, self.series_over_limit, self.export_stats, naming=naming,
+                                         job_labels=prom_job_labels)  # fmt: skip
         self.meter_provider: MeterProvider | None = None
         self.logger_provider: LoggerProvider | None = None
         self._logger: Logger | None = None

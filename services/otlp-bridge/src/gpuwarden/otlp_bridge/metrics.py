@@ -41,7 +41,9 @@ __all__ = [
     "NVLINK_ERROR_TYPES",
     "OTEL_SHARED_DESCRIPTIONS",
     "PROM_FAILURE_LABELS",
+    "PROM_GPU_ID_LABELS",
     "PROM_GPU_LABELS",
+    "PROM_JOB_INFO_LABELS",
     "AttrValue",
     "GpuView",
     "MetricSpec",
@@ -127,6 +129,11 @@ def gpu_attributes(
 
 
 PROM_GPU_LABELS = ("node", "gpu", "uuid", "pci_bus_id", "model", "job_id", "user", "partition")
+# With GPUWARDEN_OTLP_BRIDGE_PROM_JOB_LABELS=info (default) the GPU series carry only the GPU's
+# identity (the first labels of PROM_GPU_LABELS, which stay the same from job to job), and the
+# job rides on one ``gpuwarden_gpu_job_info{node,gpu,job_id,user,partition} 1`` per held GPU.
+PROM_GPU_ID_LABELS = PROM_GPU_LABELS[:5]
+PROM_JOB_INFO_LABELS = ("node", "gpu", "job_id", "user", "partition")
 
 
 def prom_gpu_labels(node: str, gpu: GpuSample, job: GpuAttribution | None) -> tuple[str, ...]:

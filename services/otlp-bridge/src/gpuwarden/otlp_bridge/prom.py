@@ -17,7 +17,9 @@ from .metrics import (
     GPU_METRICS,
     GPU_MULTI_METRICS,
     PROM_FAILURE_LABELS,
+    PROM_GPU_ID_LABELS,
     PROM_GPU_LABELS,
+    PROM_JOB_INFO_LABELS,
     GpuView,
     MetricSpec,
     MultiMetricSpec,
@@ -27,6 +29,7 @@ from .store import GpuEntry, LatestStore
 __all__ = [
     "PROM_FAILURES_TOTAL",
     "PROM_FAILURE_OPEN",
+    "PROM_GPU_JOB_INFO",
     "PROM_GPU_LAST_SAMPLE",
     "PROM_SERIES_OVER_LIMIT",
     "BridgeCollector",
@@ -35,6 +38,11 @@ __all__ = [
 PROM_FAILURES_TOTAL = "gpuwarden_failures_total"
 PROM_FAILURE_OPEN = "gpuwarden_failure_open"
 PROM_GPU_LAST_SAMPLE = "gpuwarden_gpu_last_sample_timestamp_seconds"
+PROM_GPU_JOB_INFO = "gpuwarden_gpu_job_info"
+_JOB_INFO_HELP = (
+    "1 per GPU held by a Slurm job (none for an idle GPU); join: "
+    "* on(node, gpu) group_left(job_id, user, partition) gpuwarden_gpu_job_info"
+)
 PROM_SERIES_OVER_LIMIT = "gpuwarden_otlp_series_over_limit"
 # Prometheus name (without _total) -> key of OtlpBridge.export_stats()
 _STATS = (
@@ -60,8 +68,10 @@ _STATS_HELP = (
 FAILURE_COUNT_LABELS = ("pattern", "severity", "node")
 
 
-def _family(spec: MetricSpec | MultiMetricSpec) -> CounterMetricFamily | GaugeMetricFamily:
-    labels = PROM_GPU_LABELS + (spec.prom_labels if isinstance(spec, MultiMetricSpec) else ())
+def _family(
+    spec: MetricSpec | MultiMetricSpec, gpu_labels: tuple[str, ...] = PROM_GPU_LABELS
+) -> CounterMetricFamily | GaugeMetricFamily:
+    labels = gpu_labels + (spec.prom_labels if isinstance(spec, MultiMetricSpec) else ())
     if spec.prom_type == "counter":
         return CounterMetricFamily(spec.prom_name.removesuffix("_total"), spec.description, labels=labels)
     return GaugeMetricFamily(spec.prom_name, spec.description, labels=labels)
@@ -70,7 +80,14 @@ def _family(spec: MetricSpec | MultiMetricSpec) -> CounterMetricFamily | GaugeMe
 class BridgeCollector(Collector):
     """GPU gauges per (node, gpu), failure counts and open failures, from a :class:`LatestStore`;
     ``series_over_limit`` (OTel name -> points left out at the last OTLP collection) is
-    exposed as ``gpuwarden_otlp_series_over_limit{metric}``."""
+    exposed as ``gpuwarden_otlp_series_over_limit{metric}``.
+
+    ``job_labels`` (otel naming): ``info`` puts only the GPU's identity
+    (:data:`~.metrics.PROM_GPU_ID_LABELS`) on the GPU series and the job on
+    ``gpuwarden_gpu_job_info`` (one series per held GPU), so a new job makes no new GPU series;
+    ``series`` puts job_id, user and partition on every GPU series. ``gpuwarden_failure_open``
+    keeps its job labels either way: it is one series per open failure, not per GPU metric, and
+    the job it names must stay readable after the job ended and left ``gpuwarden_gpu_job_info``."""
 
     def __init__(
         self,
@@ -78,11 +95,16 @@ class BridgeCollector(Collector):
         series_over_limit: Mapping[str, int] | None = None,
         export_stats: Callable[[], Mapping[str, float]] | None = None,
         naming: Literal["otel", "dcgm"] = "otel",
+        job_labels: Literal["info", "series"] = "info",
     ) -> None:
         self.store = store
         self.series_over_limit = series_over_limit if series_over_limit is not None else {}
         self.export_stats = export_stats
         self.naming = naming
+        self.job_labels = job_labels
+        self._info = naming == "otel" and job_labels == "info"
+        self.gpu_labels = PROM_GPU_ID_LABELS if self._info else PROM_GPU_LABELS
+        self._n = len(self.gpu_labels)
 
     def describe(self) -> Iterator[Metric]:
         if self.naming == "dcgm":
@@ -90,13 +112,15 @@ class BridgeCollector(Collector):
                 yield GaugeMetricFamily(d.name, d.help, labels=DCGM_LABELS)
         else:
             for spec in GPU_METRICS:
-                yield _family(spec)
+                yield _family(spec, self.gpu_labels)
             for multi in GPU_MULTI_METRICS:
-                yield _family(multi)
+                yield _family(multi, self.gpu_labels)
+            if self._info:
+                yield GaugeMetricFamily(PROM_GPU_JOB_INFO, "", labels=PROM_JOB_INFO_LABELS)
         yield GaugeMetricFamily(PROM_SERIES_OVER_LIMIT, "", labels=("metric",))
         for name, _ in _STATS:
             yield CounterMetricFamily(name, "")
-        yield GaugeMetricFamily(PROM_GPU_LAST_SAMPLE, "", labels=PROM_GPU_LABELS)
+        yield GaugeMetricFamily(PROM_GPU_LAST_SAMPLE, "", labels=self.gpu_labels)
         yield CounterMetricFamily(PROM_FAILURES_TOTAL.removesuffix("_total"), "", labels=FAILURE_COUNT_LABELS)
         yield GaugeMetricFamily(PROM_FAILURE_OPEN, "", labels=PROM_FAILURE_LABELS)
 
@@ -112,21 +136,28 @@ class BridgeCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         views = self.store.views()
         entries = [e for e, _ in views]
+        n = self._n
         if self.naming == "dcgm":
             yield from self._dcgm(views)
         for spec in GPU_METRICS if self.naming == "otel" else ():
-            fam = _family(spec)
+            fam = _family(spec, self.gpu_labels)
             for e in entries:
                 v = spec.value(e.gpu)
                 if v is not None:
-                    fam.add_metric(e.labels, v)
+                    fam.add_metric(e.labels[:n], v)
             yield fam
         for multi in GPU_MULTI_METRICS if self.naming == "otel" else ():
-            fam = _family(multi)
+            fam = _family(multi, self.gpu_labels)
             for e, view in views:
                 for keys, v in multi.points(view):
-                    fam.add_metric((*e.labels, *(str(k) for k in keys)), v)
+                    fam.add_metric((*e.labels[:n], *(str(k) for k in keys)), v)
             yield fam
+        if self._info:
+            info = GaugeMetricFamily(PROM_GPU_JOB_INFO, _JOB_INFO_HELP, labels=PROM_JOB_INFO_LABELS)
+            for e in entries:
+                if e.job is not None:
+                    info.add_metric((e.node, str(e.index), e.job.job_id, e.job.user or "", e.job.partition or ""), 1)
+            yield info
         over = GaugeMetricFamily(
             PROM_SERIES_OVER_LIMIT,
             "OTLP points left out at the last export because the instrument would pass the cardinality limit",
@@ -139,10 +170,10 @@ class BridgeCollector(Collector):
         for name, (key, help_) in zip((n for n, _ in _STATS), _STATS_HELP, strict=True):
             yield CounterMetricFamily(name, help_, value=stats.get(key, 0.0))
         last = GaugeMetricFamily(
-            PROM_GPU_LAST_SAMPLE, "Event time of the latest sample of each GPU, epoch seconds", labels=PROM_GPU_LABELS
+            PROM_GPU_LAST_SAMPLE, "Event time of the latest sample of each GPU, epoch seconds", labels=self.gpu_labels
         )
         for e in entries:
-            last.add_metric(e.labels, e.ts)
+            last.add_metric(e.labels[:n], e.ts)
         yield last
         total = CounterMetricFamily(
             PROM_FAILURES_TOTAL.removesuffix("_total"),

@@ -72,6 +72,7 @@ class OtlpBridgeService(Service):
             export_interval_s=settings.otlp_bridge_export_interval_s,
             max_request_bytes=settings.otlp_bridge_max_request_bytes,
             naming=settings.otlp_bridge_naming,
+            prom_job_labels=settings.otlp_bridge_prom_job_labels,
             log_queue_size=settings.otlp_bridge_log_queue_size,
         )
         self.metrics.registry.register(self.bridge.collector)

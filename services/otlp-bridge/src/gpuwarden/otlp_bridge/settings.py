@@ -132,6 +132,13 @@ class OtlpBridgeSettings(ServiceSettings):
         description="Metric names: otel (semantic conventions + gpuwarden.*) or dcgm (dcgm-exporter DCGM_FI_* "
         "names and labels incl. hpc_job, for existing dashboards; OTLP and /metrics)",
     )  # fmt: skip
+    otlp_bridge_prom_job_labels: Literal["info", "series"] = Field(
+        "info",
+        description="Prometheus /metrics, otel naming: info (GPU series carry node, gpu, uuid, pci_bus_id, model; "
+        "the job is on gpuwarden_gpu_job_info{node,gpu,job_id,user,partition} 1, join with "
+        "* on(node, gpu) group_left(job_id, user, partition) gpuwarden_gpu_job_info: no new series per job) "
+        "or series (job_id, user, partition on every GPU series, as before)",
+    )  # fmt: skip
 
     @field_validator("otlp_bridge_compression", mode="before")
     @classmethod

@@ -65,7 +65,7 @@ class RemediatorSettings(ServiceSettings):
     )
     remediator_external_url: str | None = Field(
         None,
-        description="How people reach this remediator's HTTP port (e.g. http://central:9402); without a console, "
+        description="How people reach this remediator's HTTP port (e.g. http://central:9475); without a console, "
         "generatorURL is <this>/failures/<failure_id> (the remediator's decisions on that failure, JSON)",
     )
     remediator_runbook_base_url: str = Field(
