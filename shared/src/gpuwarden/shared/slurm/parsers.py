@@ -19,12 +19,14 @@ from typing import Any
 import orjson
 
 from .fields import reason_nodes
+from .jobcomp import parse_jobcomp_lines
 from .jsonparse import api_version, parse_sacct_json, parse_sinfo_json, parse_squeue_json
 from .names import expand_nodes
 from .textparse import parse_scontrol_jobs, parse_scontrol_nodes, parse_sinfo_reasons
 
 __all__ = [
     "hostlist",
+    "jobcomp_kafka",
     "sacct_json",
     "scontrol_job",
     "scontrol_node",
@@ -115,6 +117,13 @@ def scontrol_node(text: str) -> list[Any]:
 
 
 _SINFO_R_HEADER = re.compile(r"REASON\s+USER\s+TIMESTAMP\s+NODELIST\s*$")
+
+
+def jobcomp_kafka(text: str) -> list[Any]:
+    """Records of the ``jobcomp/kafka`` plugin (Slurm 23.02 .. 25.11; start records without
+    ``state`` since 25.05), one JSON record a line -> ``[JobState]`` (``gpus`` empty: the records
+    carry no GPU indices, the watcher fills them from its poller). Raises ``ValueError``."""
+    return parse_jobcomp_lines(text, time.time())
 
 
 def sinfo_r(text: str) -> list[dict[str, Any]]:
