@@ -27,7 +27,15 @@ from pydantic import BaseModel
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 UPDATE = os.environ.get("GPUWARDEN_UPDATE_GOLDEN") == "1"
-_PARSE_TIME_TS = {"scontrol-node", "scontrol-job", "sinfo-json", "slurmrestd-nodes", "slurmrestd-jobs", "squeue-json"}
+_PARSE_TIME_TS = {
+    "jobcomp-kafka",
+    "scontrol-node",
+    "scontrol-job",
+    "sinfo-json",
+    "slurmrestd-nodes",
+    "slurmrestd-jobs",
+    "squeue-json",
+}
 
 
 def _kinds_map() -> dict[str, str]:

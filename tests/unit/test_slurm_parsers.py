@@ -187,3 +187,34 @@ def test_slurm_error_document_is_quoted() -> None:
     doc = {"meta": {"plugin": {"type": "openapi/v0.0.38"}}, "errors": [{"error": "Unable to contact slurmctld"}]}
     with pytest.raises(ValueError, match="Unable to contact slurmctld"):
         P.squeue_json(json.dumps(doc))
+
+
+def test_state_lists_of_24_11_and_later() -> None:
+    from gpuwarden.shared.slurm.fields import base_job_state, node_state
+
+    assert node_state(["IDLE", "DRAIN"], None) == ("IDLE", ["DRAIN"])
+    assert node_state(["MIXED", "DRAIN", "COMPLETING"], None) == ("MIXED", ["DRAIN", "COMPLETING", "DRAINING"])
+    assert node_state(["DRAIN", "IDLE"], None) == ("IDLE", ["DRAIN"])  # base moved to the front
+    assert node_state(["DOWN*", "DRAIN"], None) == ("DOWN", ["DRAIN", "NOT_RESPONDING"])
+    assert node_state([], None) == ("UNKNOWN", [])
+    assert base_job_state(["RUNNING"]) == "RUNNING"
+    assert base_job_state(["PENDING", "REQUEUED"]) == "PENDING"
+    assert base_job_state(["REQUEUED", "PENDING"]) == "PENDING"
+    assert base_job_state(["CONFIGURING"]) == "CONFIGURING"
+    assert base_job_state([]) == "UNKNOWN"
+    assert base_job_state("completed") == "COMPLETED"
+
+
+def test_sinfo_json_23_02_groups_shape() -> None:
+    from gpuwarden.shared.slurm.jsonparse import parse_sinfo_json
+
+    text = (SYN / "sinfo-json-v0.0.42-node-groups.txt").read_text()
+    nodes = {n.node: n for n in parse_sinfo_json(text[text.index("{") :], 1.0)}
+    assert list(nodes) == ["gpu-a-001", "gpu-a-002", "gpu-a-003", "cpu-001"]
+    a = nodes["gpu-a-001"]
+    assert a.partitions == ["gpu", "debug"] and a.gpus_used_idx == [0, 1, 5] and a.reason_ts == 1800000000.0
+    assert nodes["gpu-a-002"].cpus == 128 and nodes["gpu-a-002"].alloc_cpus is None
+    assert nodes["cpu-001"].reason == "Not responding" and nodes["cpu-001"].state == "DOWN"
+    with pytest.raises(ValueError, match="no 'nodes' list"):
+        parse_sinfo_json('{"meta": {}}', 1.0)
+    assert api_version({"meta": {"plugin": {"data_parser": "data_parser/v0.0.44"}}}) == "v0.0.44"

@@ -115,3 +115,45 @@ def test_transport_urls() -> None:
         AiohttpTransport("ftp://x")
     with pytest.raises(ValueError):
         RestSlurm(FakeTransport({}), version="latest")
+
+
+def _fixture_doc(name: str) -> bytes:
+    t = (FIX / name).read_text()
+    return t[t.index("{") :].encode()
+
+
+async def test_v0043_v0044_paths_and_documents() -> None:
+    tr = FakeTransport(
+        {
+            ("GET", "/slurm/v0.0.44/jobs"): (200, _fixture_doc("slurmrestd-v0044-job-gpus-multi-nodes.txt")),
+            ("GET", "/slurm/v0.0.44/node/cn1"): (200, _fixture_doc("slurmrestd-v0044-node-mixed-drain-ecc.txt")),
+            ("GET", "/slurmdb/v0.0.44/job/5739"): (200, _fixture_doc("slurmrestd-v0044-slurmdb-job-failed.txt")),
+        }
+    )
+    r = RestSlurm(tr, version="v0.0.44", retries=0, backoff_s=0)
+    (job,) = await r.jobs()
+    assert job.gpus == {"gpu1": [0, 1, 2, 3], "gpu2": [0, 1, 2, 3]}
+    node = await r.node("cn1")
+    assert node is not None and node.state == "MIXED" and "DRAIN" in node.flags and node.drained
+    (acct,) = await r.accounting(["5739"])
+    assert acct.state == "FAILED" and acct.exit_code == 1 and acct.confirmed
+    tr43 = FakeTransport({("GET", "/slurm/v0.0.43/nodes"): (200, _fixture_doc("slurmrestd-v0043-node-gpu-mixed.txt"))})
+    (n43,) = await RestSlurm(tr43, version="v0.0.43", retries=0).nodes()
+    assert n43.gpus_used_idx == [0]
+    res = await RestSlurm(tr43, version="v0.0.43").update_node("gpu1", "RESUME", None)
+    assert tr43.calls[-1][:2] == ("POST", "/slurm/v0.0.43/node/gpu1") and res.argv[1] == "/slurm/v0.0.43/node/gpu1"
+
+
+def test_deprecated_and_untested_versions_warn(caplog: pytest.LogCaptureFixture) -> None:
+    tr = FakeTransport({})
+    for v in ("v0.0.38", "v0.0.42", "v0.0.43", "v0.0.44"):
+        caplog.clear()
+        RestSlurm(tr, version=v)
+        assert not [r for r in caplog.records if r.levelname == "WARNING"], v
+    for v in ("v0.0.40", "v0.0.41"):
+        caplog.clear()
+        RestSlurm(tr, version=v)
+        assert any("deprecated" in r.getMessage() and v in r.getMessage() for r in caplog.records), v
+    caplog.clear()
+    RestSlurm(tr, version="v0.0.45")
+    assert any("newer than the tested" in r.getMessage() for r in caplog.records)

@@ -27,7 +27,11 @@ class SlurmWatcherSettings(ServiceSettings):
     )
     slurm_watcher_rest_token: str | None = Field(None, description="X-SLURM-USER-TOKEN (auth/jwt), none = no header")
     slurm_watcher_rest_user: str | None = Field(None, description="X-SLURM-USER-NAME sent with the token")
-    slurm_watcher_rest_version: str = Field("v0.0.38", description="slurmrestd OpenAPI version of the paths")
+    slurm_watcher_rest_version: str = Field(
+        "v0.0.38",
+        description="slurmrestd OpenAPI version of the paths: v0.0.38 (Slurm 22.05) .. v0.0.42 (24.11), "
+        "v0.0.43 (25.05), v0.0.44 (25.11); v0.0.40/v0.0.41 are deprecated (a warning is logged)",
+    )
     slurm_watcher_poll_s: float = Field(2.0, gt=0, description="Poll period, s")
     slurm_watcher_snapshot_s: float = Field(60.0, gt=0, description="Full snapshot period (wall clock), s")
     slurm_watcher_scenario: Path | None = Field(None, description="Scenario YAML (backend=simulated)")

@@ -161,8 +161,10 @@ class CliSlurm:
     """:class:`SlurmClient` on the Slurm 22.05 commands.
 
     ``jobs()``: ``squeue --json`` (+ ``scontrol show job -d <id>`` only for running GPU jobs
-    whose ``gres_detail`` cannot be matched to nodes); ``nodes()``: ``sinfo --json``;
-    ``node()``: ``scontrol show node <name>``; ``update_node()``: ``scontrol update``.
+    whose ``gres_detail`` cannot be matched to nodes); ``nodes()``: ``sinfo --json`` (the
+    ``nodes`` list of 22.05, or the ``sinfo`` list of node groups of 23.02 .. 25.11, where a group
+    of several nodes gives state and reason per node but no per-node allocated CPUs / GPU
+    indices); ``node()``: ``scontrol show node <name>``; ``update_node()``: ``scontrol update``.
 
     Args:
         runner: runs argv lists (default :class:`~gpuwarden.shared.command.AsyncSubprocessRunner`).

@@ -3,7 +3,7 @@
 The pieces both :mod:`.jsonparse` and :mod:`.textparse` read the same way: the terminal job
 states, GPU index lists (``IDX:0,2-3``) of GRES strings, node state words (``MIXED+DRAIN``,
 ``["IDLE", "DRAIN"]``), reason cleaning and the nodes a pending reason names. Formats as
-Slurm 22.05 .. 25.05 print them (text and OpenAPI v0.0.38 .. v0.0.42 alike).
+Slurm 22.05 .. 25.11 print them (text and OpenAPI v0.0.38 .. v0.0.44 alike).
 """
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ from typing import Any
 from .names import expand_nodes
 
 __all__ = [
+    "JOB_BASE_STATES",
+    "NODE_BASE_STATES",
     "TERMINAL_JOB_STATES",
+    "base_job_state",
     "clean_reason",
     "node_state",
     "parse_gres_idx",
@@ -38,6 +41,26 @@ TERMINAL_JOB_STATES = frozenset(
         "ENDED",
     }
 )
+
+JOB_BASE_STATES = TERMINAL_JOB_STATES | {"PENDING", "RUNNING", "SUSPENDED", "COMPLETING"}
+"""Job states that are a base state (``job_state[0]`` of v0.0.39+); the others of a ``job_state``
+list (``REQUEUED``, ``CONFIGURING``, ``SIGNALING``, ``STAGE_OUT``, ``UPDATE_DB`` ...) are flags."""
+
+NODE_BASE_STATES = frozenset({"IDLE", "ALLOCATED", "MIXED", "DOWN", "ERROR", "FUTURE", "UNKNOWN"})
+"""Node states that are a base state (the first of ``["MIXED", "DRAIN", "COMPLETING"]``)."""
+
+
+def base_job_state(v: Any) -> str:
+    """A job state -> its base state, upper-case: ``"RUNNING"`` (v0.0.38 string) or
+    ``["RUNNING"]`` / ``["PENDING", "REQUEUED"]`` (v0.0.39+ list, base first; a list whose first
+    entry is a flag gets its first base-state entry). Empty / missing -> ``"UNKNOWN"``."""
+    if isinstance(v, list):
+        parts = [str(p).upper() for p in v if p]
+        if not parts:
+            return "UNKNOWN"
+        return next((p for p in parts if p in JOB_BASE_STATES), parts[0])
+    return str(v or "UNKNOWN").upper()
+
 
 _IDX_RE = re.compile(r"gpu(?::[^:(),]+)?(?::\d+)?\(IDX:([^)]*)\)")
 
@@ -99,8 +122,12 @@ def node_state(raw: Any, flags: list[Any] | None) -> tuple[str, list[str]]:
     ``state_flags``) or ``["MIXED", "DRAIN"]`` (v0.0.39+) -> ``("MIXED", ["DRAIN", "DRAINING"])``;
     a trailing ``*`` becomes the flag ``NOT_RESPONDING``; ``DRAINING`` is added for DRAIN on a
     busy node (what sinfo prints as "draining"). Missing -> ``("UNKNOWN", [])``."""
-    if isinstance(raw, list):  # v0.0.39+: ["IDLE", "DRAIN"]
-        parts = [str(p).upper() for p in raw] or ["UNKNOWN"]
+    if isinstance(raw, list):  # v0.0.39+: ["IDLE", "DRAIN"], ["MIXED", "DRAIN", "COMPLETING"]
+        parts = [str(p).upper() for p in raw if p] or ["UNKNOWN"]
+        if parts[0].rstrip("*") not in NODE_BASE_STATES:  # flags first (not what Slurm prints): base to the front
+            i = next((k for k, p in enumerate(parts) if p.rstrip("*") in NODE_BASE_STATES), None)
+            if i is not None:
+                parts.insert(0, parts.pop(i))
     else:
         parts = str(raw or "UNKNOWN").upper().split("+")
     base, rest = parts[0], parts[1:]

@@ -1,10 +1,12 @@
 """Parsers of Slurm's JSON documents -> :class:`JobState` / :class:`NodeState`.
 
-Read: ``squeue --json``, ``sinfo --json`` and ``sacct --json`` of Slurm 22.05 (OpenAPI
-v0.0.38 / dbv0.0.38) up to 25.05 (v0.0.42), and the matching slurmrestd documents
-(``GET /slurm/vX/jobs``, ``/slurm/vX/nodes``, ``/slurm/vX/node/NAME``, ``/slurmdb/vX/jobs``):
-v0.0.39+ shapes (``state`` as a list, numbers as ``{"set","number"}``, ``exit_code.signal``)
-are accepted whatever the version says; an unknown version is logged once. Text output
+Read: ``squeue --json``, ``sinfo --json``, ``scontrol show nodes --json`` and ``sacct --json``
+of Slurm 22.05 (OpenAPI v0.0.38 / dbv0.0.38) up to 25.11 (v0.0.44; 25.05 is v0.0.43), and the
+matching slurmrestd documents (``GET /slurm/vX/jobs``, ``/slurm/vX/nodes``,
+``/slurm/vX/node/NAME``, ``/slurmdb/vX/jobs``): v0.0.39+ shapes (``state`` as a list,
+numbers as ``{"set","infinite","number"}``, ``exit_code.signal``) are accepted whatever the
+version says, and so is the ``sinfo --json`` of 23.02+ (a ``sinfo`` list of node groups
+instead of ``nodes``); an unknown version is logged once. Text output
 (``scontrol show``, ``sinfo -R``) is read by :mod:`.textparse`. No I/O here: callers pass the
 text and the observation time ``ts`` (epoch s, event time).
 """
@@ -20,7 +22,7 @@ from typing import Any
 import orjson
 
 from ..models import JobState, NodeState
-from .fields import TERMINAL_JOB_STATES, clean_reason, node_state, parse_gres_idx, used_gres_idx
+from .fields import TERMINAL_JOB_STATES, base_job_state, clean_reason, node_state, parse_gres_idx, used_gres_idx
 from .names import expand_nodes
 
 __all__ = [
@@ -35,7 +37,16 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-KNOWN_OPENAPI_VERSIONS = {"v0.0.37", "v0.0.38", "v0.0.39", "v0.0.40", "v0.0.41", "v0.0.42"}
+KNOWN_OPENAPI_VERSIONS = {
+    "v0.0.37",
+    "v0.0.38",
+    "v0.0.39",
+    "v0.0.40",
+    "v0.0.41",
+    "v0.0.42",
+    "v0.0.43",  # Slurm 25.05
+    "v0.0.44",  # Slurm 25.11
+}
 _warned: set[str] = set()
 
 
@@ -115,9 +126,7 @@ def _job_id(job: dict[str, Any]) -> str:
 
 
 def _job_state(v: Any) -> str:
-    if isinstance(v, list):
-        return str(v[0]).upper() if v else "UNKNOWN"
-    return str(v or "UNKNOWN").upper()
+    return base_job_state(v)
 
 
 def _exit_code(v: Any) -> int | None:
@@ -304,8 +313,9 @@ def parse_sacct_json(text: str | bytes, ts: float) -> list[JobState]:
 
 
 def parse_sinfo_json(text: str | bytes, ts: float) -> list[NodeState]:
-    """Parse ``sinfo --json`` (Slurm 22.05, OpenAPI v0.0.38: ``state`` string + ``state_flags``)
-    or a slurmrestd ``/nodes`` document (v0.0.39+: ``state`` list, numbers as objects).
+    """Parse ``sinfo --json`` (Slurm 22.05, OpenAPI v0.0.38: ``state`` string + ``state_flags``;
+    Slurm 23.02+: a ``sinfo`` list of partition/node groups), ``scontrol show nodes --json`` or a
+    slurmrestd ``/nodes`` document (v0.0.39 .. v0.0.44: ``state`` list, numbers as objects).
 
     Args:
         text: the document.
@@ -317,7 +327,7 @@ def parse_sinfo_json(text: str | bytes, ts: float) -> list[NodeState]:
         time, configured and used GRES, partitions.
 
     Raises:
-        ValueError: not JSON or no ``nodes`` list.
+        ValueError: not JSON, or neither a ``nodes`` nor a ``sinfo`` list.
     """
     doc = _load(text, "sinfo --json")
     out: dict[str, NodeState] = {}
@@ -329,12 +339,72 @@ def parse_sinfo_json(text: str | bytes, ts: float) -> list[NodeState]:
 
 
 def _sinfo_records(doc: dict[str, Any]) -> list[Any]:
-    """The ``nodes`` list of a sinfo / slurmrestd document (``ValueError`` when there is none)."""
+    """The node records of a sinfo / slurmrestd document (``ValueError`` when there are none):
+    its ``nodes`` list (v0.0.38 ``sinfo --json``, slurmrestd, ``scontrol show nodes --json``), or
+    the ``sinfo`` list of ``sinfo --json`` of Slurm 23.02+ turned into records of that shape
+    (:func:`_sinfo_groups`)."""
     _version(doc)
     nodes = doc.get("nodes")
-    if not isinstance(nodes, list):
-        raise ValueError("sinfo --json: no 'nodes' list")
-    return nodes
+    if isinstance(nodes, list):
+        return nodes
+    groups = doc.get("sinfo")
+    if isinstance(groups, list):
+        return _sinfo_groups(groups)
+    _errors(doc, "sinfo --json")
+    raise ValueError("sinfo --json: no 'nodes' list (nor the 'sinfo' list of 23.02+)")
+
+
+def _sinfo_groups(groups: list[Any]) -> list[dict[str, Any]]:
+    """``sinfo --json`` of Slurm 23.02+ (v0.0.39 .. v0.0.44): one entry per (partition, node
+    group): ``{"node": {"state": [...]}, "nodes": {"nodes": [names]}, "partition": {"name"},
+    "cpus": {"total", "allocated", "minimum", "maximum"}, "gres": {"total", "used"},
+    "reason": {"description", "user", "time"}}`` (``reason`` a plain string in some builds) ->
+    one record per node in the shape of ``/nodes`` (``name``, ``state``, ``cpus`` ...), the
+    partitions of a node listed in several entries merged. CPU counts, used GRES and their
+    IDX belong to one node only when the entry has one node (``sinfo -N --json``); for a group
+    of several nodes ``cpus`` is the per-node count when all are equal and ``alloc_cpus`` /
+    ``gres_used`` are left unset (the entry sums them over the group)."""
+    out: dict[str, dict[str, Any]] = {}
+    for g in groups:
+        if not isinstance(g, dict):
+            continue
+        nd = g.get("nodes") if isinstance(g.get("nodes"), dict) else {}
+        names: list[str] = []
+        for expr in (nd or {}).get("nodes") or []:
+            names.extend(expand_nodes(str(expr)))
+        if not names:
+            continue
+        node = g.get("node") if isinstance(g.get("node"), dict) else {}
+        cpus = g.get("cpus") if isinstance(g.get("cpus"), dict) else {}
+        gres = g.get("gres") if isinstance(g.get("gres"), dict) else {}
+        reason = g.get("reason")
+        if isinstance(reason, dict):
+            why, who, when = reason.get("description"), reason.get("user"), reason.get("time")
+        else:
+            why, who, when = reason, None, None
+        part = g.get("partition") if isinstance(g.get("partition"), dict) else {}
+        pname = (part or {}).get("name")
+        single = len(names) == 1
+        lo, hi = _num((cpus or {}).get("minimum")), _num((cpus or {}).get("maximum"))
+        per_node = (cpus or {}).get("total") if single else (hi if lo is not None and lo == hi else None)
+        for name in names:
+            rec = out.get(name)
+            if rec is None:
+                out[name] = {
+                    "name": name,
+                    "state": (node or {}).get("state"),
+                    "reason": why,
+                    "reason_set_by_user": who,
+                    "reason_changed_at": when,
+                    "gres": (gres or {}).get("total"),
+                    "gres_used": (gres or {}).get("used") if single else None,
+                    "partitions": [pname] if pname else [],
+                    "cpus": per_node,
+                    "alloc_cpus": (cpus or {}).get("allocated") if single else None,
+                }
+            elif pname and pname not in rec["partitions"]:
+                rec["partitions"].append(pname)
+    return list(out.values())
 
 
 def _sinfo_node(n: dict[str, Any], name: str, ts: float) -> NodeState:

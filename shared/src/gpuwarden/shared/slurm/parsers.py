@@ -6,7 +6,8 @@ contract. Each takes the whole text of a recorded command output and returns JSO
 each raises ``ValueError`` when the text is not that tool's output. ``ts`` of the returned states is the time
 of parsing (a recorded file carries no observation time). JSON documents report the OpenAPI
 version they were read as (``api_version``: ``v0.0.38`` for Slurm 22.05 up to ``v0.0.42`` for
-Slurm 25.05) and the Slurm release (``meta.Slurm.release``) when present.
+Slurm 24.11, ``v0.0.43`` for 25.05 and ``v0.0.44`` for 25.11) and the Slurm release
+(``meta.Slurm.release``) when present.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ from typing import Any
 import orjson
 
 from .fields import reason_nodes
+from .jobcomp import parse_jobcomp_lines
 from .jsonparse import api_version, parse_sacct_json, parse_sinfo_json, parse_squeue_json
 from .names import expand_nodes
 from .textparse import parse_scontrol_jobs, parse_scontrol_nodes, parse_sinfo_reasons
 
 __all__ = [
     "hostlist",
+    "jobcomp_kafka",
     "sacct_json",
     "scontrol_job",
     "scontrol_node",
@@ -55,7 +58,7 @@ def _meta(text: str) -> dict[str, Any]:
 
 
 def squeue_json(text: str) -> dict[str, Any]:
-    """``squeue --json`` (v0.0.38..v0.0.42) -> ``{"api_version", "slurm_release", "jobs": [JobState],
+    """``squeue --json`` (v0.0.38..v0.0.44) -> ``{"api_version", "slurm_release", "jobs": [JobState],
     "need_detail": [job id]}``. Raises ``ValueError``."""
     body = _json_start(text)
     jobs, need = parse_squeue_json(body, time.time())
@@ -63,7 +66,7 @@ def squeue_json(text: str) -> dict[str, Any]:
 
 
 def slurmrestd_jobs(text: str) -> dict[str, Any]:
-    """slurmrestd ``GET /slurm/vX/jobs`` (v0.0.38 .. v0.0.42, the job objects of ``squeue --json``) -> like
+    """slurmrestd ``GET /slurm/vX/jobs`` (v0.0.38 .. v0.0.44, the job objects of ``squeue --json``) -> like
     :func:`squeue_json`; a ``GET /slurmdb/vX/jobs`` document (accounting records, ``state`` an
     object) -> like :func:`sacct_json`. A document with ``errors`` and no ``jobs`` raises
     ``ValueError``."""
@@ -74,20 +77,22 @@ def slurmrestd_jobs(text: str) -> dict[str, Any]:
 
 
 def sinfo_json(text: str) -> dict[str, Any]:
-    """``sinfo --json`` (v0.0.38: ``state`` string + ``state_flags``; v0.0.39+: ``state`` list)
+    """``sinfo --json`` (v0.0.38: ``state`` string + ``state_flags``; v0.0.39+ (23.02) .. v0.0.44
+    (25.11): ``sinfo`` list of node groups, ``node.state`` a list) or ``scontrol show nodes --json``
+    (``nodes``, ``state`` list)
     -> ``{"api_version", "slurm_release", "nodes": [NodeState]}``. Raises ``ValueError``."""
     body = _json_start(text)
     return {**_meta(body), "nodes": parse_sinfo_json(body, time.time())}
 
 
 def slurmrestd_nodes(text: str) -> dict[str, Any]:
-    """slurmrestd ``GET /slurm/vX/nodes`` or ``/node/NAME`` (v0.0.38 .. v0.0.42) -> like :func:`sinfo_json`
+    """slurmrestd ``GET /slurm/vX/nodes`` or ``/node/NAME`` (v0.0.38 .. v0.0.44) -> like :func:`sinfo_json`
     (``cpus``, ``alloc_cpus``, ``gpus_used_idx`` from ``gres_used`` IDX ranges)."""
     return sinfo_json(text)
 
 
 def sacct_json(text: str) -> dict[str, Any]:
-    """``sacct --json`` (``dbv0.0.38`` of 22.05 .. v0.0.42) -> ``{"api_version", "slurm_release",
+    """``sacct --json`` (``dbv0.0.38`` of 22.05 .. v0.0.44) -> ``{"api_version", "slurm_release",
     "jobs": [JobState]}`` (``confirmed`` true for end states). Raises ``ValueError``."""
     body = _json_start(text)
     return {**_meta(body), "jobs": parse_sacct_json(body, time.time())}
@@ -112,6 +117,13 @@ def scontrol_node(text: str) -> list[Any]:
 
 
 _SINFO_R_HEADER = re.compile(r"REASON\s+USER\s+TIMESTAMP\s+NODELIST\s*$")
+
+
+def jobcomp_kafka(text: str) -> list[Any]:
+    """Records of the ``jobcomp/kafka`` plugin (Slurm 23.02 .. 25.11; start records without
+    ``state`` since 25.05), one JSON record a line -> ``[JobState]`` (``gpus`` empty: the records
+    carry no GPU indices, the watcher fills them from its poller). Raises ``ValueError``."""
+    return parse_jobcomp_lines(text, time.time())
 
 
 def sinfo_r(text: str) -> list[dict[str, Any]]:

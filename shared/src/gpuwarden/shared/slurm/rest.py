@@ -2,7 +2,9 @@
 
 Paths are versioned: ``/slurm/{version}/jobs``, ``/slurm/{version}/nodes``,
 ``/slurm/{version}/node/{name}``, ``/slurmdb/{version}/job/{id}`` (``version`` ``v0.0.38`` for
-Slurm 22.05 ... ``v0.0.42`` for 25.05). The documents are parsed by the same pure parsers as
+Slurm 22.05 ... ``v0.0.42`` for 24.11, ``v0.0.43`` for 25.05, ``v0.0.44`` for 25.11; the
+setting ``slurm_watcher_rest_version``). ``v0.0.40`` / ``v0.0.41`` still work but are deprecated
+by SchedMD: a warning is logged. The documents are parsed by the same pure parsers as
 the CLI output (``parse_squeue_json``, ``parse_sinfo_json``, ``parse_sacct_json``).
 """
 
@@ -22,11 +24,14 @@ from .client import CommandResult, SlurmError, check_reason
 from .jsonparse import SinfoJsonParser, SqueueJsonParser, parse_sacct_json, parse_sinfo_json
 from .names import validate_node_name
 
-__all__ = ["AiohttpTransport", "HttpTransport", "RestSlurm"]
+__all__ = ["DEPRECATED_VERSIONS", "AiohttpTransport", "HttpTransport", "RestSlurm"]
 
 log = logging.getLogger(__name__)
 
 _NODE_UPDATE_MIN = (0, 0, 39)  # POST /slurm/vX/node/{name} exists from v0.0.39 (Slurm 23.02)
+_NEWEST_TESTED = (0, 0, 44)  # Slurm 25.11
+DEPRECATED_VERSIONS = frozenset({"v0.0.40", "v0.0.41"})
+"""slurmrestd plugin versions SchedMD marks deprecated (dropped by later releases)."""
 
 
 class HttpTransport(Protocol):
@@ -94,7 +99,9 @@ class RestSlurm:
 
     Args:
         transport: HTTP transport (tests pass a fake serving recorded documents).
-        version: OpenAPI version of the paths, ``v0.0.38`` (Slurm 22.05) ... ``v0.0.42``.
+        version: OpenAPI version of the paths, ``v0.0.38`` (Slurm 22.05) ... ``v0.0.44`` (25.11);
+            ``v0.0.40`` / ``v0.0.41`` log a deprecation warning, a version newer than v0.0.44
+            logs that it is untested (its documents are read with the known shapes).
         retries: extra attempts of a read after a transport error or HTTP 5xx.
         backoff_s: sleep before retry ``k`` is ``backoff_s * k``, s.
         now: clock of observations, epoch s.
@@ -109,7 +116,15 @@ class RestSlurm:
         backoff_s: float = 0.5,
         now: Callable[[], float] = time.time,
     ) -> None:
-        _ver_tuple(version)
+        vt = _ver_tuple(version)
+        if version in DEPRECATED_VERSIONS:
+            log.warning(
+                "slurmrestd API %s is deprecated by SchedMD and removed in later Slurm releases; "
+                "use v0.0.42 (Slurm 24.11+), v0.0.43 (25.05+) or v0.0.44 (25.11+)",
+                version,
+            )
+        elif vt > _NEWEST_TESTED:
+            log.warning("slurmrestd API %s is newer than the tested v0.0.44; reading it with the known shapes", version)
         self.ver = version
         self.transport = transport
         self.retries = max(0, retries)
