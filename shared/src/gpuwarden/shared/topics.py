@@ -384,7 +384,8 @@ async def check_topics(
     Raises:
         aiokafka.errors.KafkaError: the cluster is unreachable.
         TopicsMissing: with ``none_is_fatal``, when not one registered topic exists on the
-            prefix (the message names the prefix, and the one the cluster has them under).
+            prefix for 15 s (a broker may learn of topics created a moment ago late; the message
+            names the prefix, and the one the cluster has them under).
     """
     from .bus.clients import kafka_admin
 
@@ -400,6 +401,12 @@ async def check_topics(
         existing = set(await admin.list_topics())
         names = [spec.full(prefix) for spec in TOPICS.values()]
         missing = [n for n in names if n not in existing]
+        end = time.monotonic() + 15.0
+        while none_is_fatal and len(missing) == len(names) and time.monotonic() < end:
+            # topics created a moment ago may not have reached the broker that answered yet
+            await asyncio.sleep(1.0)
+            existing = set(await admin.list_topics())
+            missing = [n for n in names if n not in existing]
         if none_is_fatal and len(missing) == len(names):
             # absent, or only hidden from a principal without DESCRIBE? the broker says which
             [desc] = await admin.describe_topics([names[0]])
