@@ -75,14 +75,23 @@ def test_the_command_prints_the_plan_and_json() -> None:
     assert {t["short"] for t in doc["topics"]} >= set(TOPICS) and doc["kafka_acls"] and doc["gzip_ratio"] > 1
 
 
-async def test_producers_compress_with_zstd_by_default() -> None:
-    """Issue 26: compression on by default; the codec library is installed (aiokafka's check)."""
+def test_the_shipped_services_compress_with_zstd() -> None:
+    """Issue 26: compression on in what is shipped (env files, compose); the codec library is installed."""
+    from pathlib import Path
+
     from aiokafka.codec import has_zstd
 
-    from gpuwarden.shared.bus import Producer
     from gpuwarden.shared.settings import BusSettings
 
-    assert BusSettings().producer_compression == "zstd" and has_zstd()
-    assert BusSettings(producer_compression="NONE").producer_compression == "none"
-    p = Producer(BusSettings(bootstrap_servers="127.0.0.1:1"))
-    assert p._settings.producer_compression == "zstd"
+    root = Path(__file__).resolve().parents[2]
+    assert has_zstd() and BusSettings(producer_compression="ZSTD").producer_compression == "zstd"
+    for env in ("collector", "correlator", "detector", "otlp-bridge", "remediator", "slurm-watcher"):
+        assert "GPUWARDEN_PRODUCER_COMPRESSION=zstd" in (root / "deploy" / "systemd" / f"{env}.env").read_text()
+    assert "GPUWARDEN_PRODUCER_COMPRESSION: zstd" in (root / "docker-compose.yml").read_text()
+
+
+def test_the_compression_variable_is_a_known_bus_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuwarden.shared.settings import BusSettings
+
+    monkeypatch.setenv("GPUWARDEN_PRODUCER_COMPRESSION", "lz4")
+    assert BusSettings().producer_compression == "lz4"
