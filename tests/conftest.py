@@ -110,3 +110,11 @@ def bus_env(kafka_bootstrap: str, topic_prefix: str, monkeypatch: pytest.MonkeyP
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     return env
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """``prerequisites.needs(path)``: the path must exist (a skip here, a failure under CI)."""
+    from prerequisites import need_path
+
+    for mark in item.iter_markers("needs_path"):
+        need_path(Path(mark.args[0]))

@@ -30,3 +30,9 @@ def need_path(path: Path) -> Path:
     if not path.exists():
         give_up(f"{path} absent (../shared not beside this checkout?)")
     return path
+
+
+def needs(path: Path) -> pytest.MarkDecorator:
+    """A test marker: before the test runs, :func:`need_path` ``path`` (skip here, fail under CI);
+    applied by ``pytest_runtest_setup`` in ``tests/conftest.py``."""
+    return pytest.mark.needs_path(path)

@@ -3,7 +3,6 @@ tests/fixtures and ../shared/fixtures; each asserts values, so a wrong reading f
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -24,14 +23,12 @@ from gpuwarden.shared.slurm.fields import reason_nodes
 from gpuwarden.shared.slurm.jsonparse import parse_sinfo_json
 from gpuwarden.shared.slurm.parsers import hostlist
 from gpuwarden.shared.slurm.textparse import parse_scontrol_nodes
+from prerequisites import needs
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures"
 SHARED = ROOT.parent / "shared" / "fixtures"
-needs_shared = pytest.mark.skipif(
-    not SHARED.is_dir() and not os.environ.get("CI"),
-    reason="../shared/fixtures not beside this checkout (CI has it: there a missing folder fails)",
-)
+needs_shared = needs(SHARED)
 
 
 @needs_shared

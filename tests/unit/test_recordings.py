@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import itertools
-import os
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from gpuwarden.collector.recordings import (
     parse_nvidia_smi_table,
 )
 from gpuwarden.collector.smi_text import parse_nvidia_smi_csv_records
-from prerequisites import give_up
+from prerequisites import give_up, needs
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "recordings"
 REAL = Path(__file__).resolve().parents[2] / ".." / "shared" / "realdata"
@@ -323,9 +322,7 @@ def test_gpu_spec_unknown() -> None:
 
 # -- real recordings (../shared/realdata, SOURCE.md facts) -----------------------------------
 
-needs_real = pytest.mark.skipif(
-    not REAL.is_dir() and not os.environ.get("CI"), reason=f"{REAL} absent (CI has it: there a missing folder fails)"
-)
+needs_real = needs(REAL)
 
 
 def _no_zero_filled(rec, absent: set[str]) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,13 +12,11 @@ import pytest
 from gpuwarden.shared.models import Action, Severity
 from gpuwarden.shared.nvidia import nvml, tokens, xids
 from gpuwarden.shared.nvidia.xids import load_xid_table, xid_codes, xid_severities, xid_table
+from prerequisites import needs
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT.parent / "shared" / "reference" / "xid_catalog.csv"
-needs_reference = pytest.mark.skipif(
-    not REFERENCE.exists() and not os.environ.get("CI"),
-    reason="../shared/reference not beside this checkout (CI has it: there a missing file fails)",
-)
+needs_reference = needs(REFERENCE)
 
 # The values gpuwarden copied into collector/sources.py before it re-exported pynvml's.
 COPIED = {
