@@ -20,9 +20,10 @@ on the broker, and nothing is acknowledged that the handler has not seen: no fra
 between the fetch and the handler.
 
 **Rebalance**: on revocation the worker checkpoints and commits, then forgets the revoked
-partitions' nodes; on assignment it restores their windows from the changelog partitions of
-the same numbers before any record of them is handled (aiokafka awaits the listener before
-it fetches for the new assignment).
+partitions' nodes, with no release of held records in between (a record released after the
+checkpoint would be emitted here and again by the next owner); on assignment it restores
+their windows from the changelog partitions of the same numbers before any record of them is
+handled (aiokafka awaits the listener before it fetches for the new assignment).
 """
 
 from __future__ import annotations
@@ -225,6 +226,11 @@ class CorrelatorService(Service):
         #: set while the assigned partitions' windows are restored (aiokafka may hand over records
         #: fetched for the new assignment while the listener still restores: they wait)
         self._restored = asyncio.Event()
+        #: held by a revocation from its checkpoint to the drop of the revoked nodes, and by each
+        #: release of held records: a record released after the revocation's snapshot (offsets
+        #: capped below it, windows not yet folded) would be joined and its windows emitted here,
+        #: and again by the next owner, which re-reads it from the committed offset
+        self._hold_lock = asyncio.Lock()
         reg = self.metrics.registry
         self._wm_gauge = Gauge("gpuwarden_correlator_slurm_watermark_seconds",
                                "Event time up to which the Slurm view is complete, epoch s", registry=reg)  # fmt: skip
@@ -301,9 +307,10 @@ class CorrelatorService(Service):
             log.info("correlator: first output published")
 
     async def _release(self) -> None:
-        outs = self.core.release()
-        if outs:
+        async with self._hold_lock:
+            outs = self.core.release()
             self._queue(outs)
+        if outs:
             await self.producer.drain_soon()
 
     async def _tick(self) -> None:
@@ -330,13 +337,14 @@ class CorrelatorService(Service):
 
     async def revoked(self, revoked: set[TopicPartition]) -> None:
         self._restored.clear()
-        if self._consumer is not None:
-            try:
-                await self._consumer.commit_now()
-            except Exception as exc:
-                log.warning("correlator: commit on revocation failed (records will be read again): %s", exc)
-        # samples and events are co-partitioned by node: a partition number is one set of nodes
-        n = self.core.drop({tp.partition for tp in revoked})
+        async with self._hold_lock:  # no release between the checkpoint and the drop
+            if self._consumer is not None:
+                try:
+                    await self._consumer.commit_now()
+                except Exception as exc:
+                    log.warning("correlator: commit on revocation failed (records will be read again): %s", exc)
+            # samples and events are co-partitioned by node: a partition number is one set of nodes
+            n = self.core.drop({tp.partition for tp in revoked})
         log.info("correlator: partitions revoked %s (%d nodes dropped)", sorted(tp.partition for tp in revoked), n)
 
     async def assigned(self, assigned: set[TopicPartition]) -> None:
