@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from gpuwarden.detector.service import DetectorService, DetectorSettings
@@ -125,7 +126,6 @@ def test_a_bad_state_file_starts_empty(tmp_path: Path) -> None:
 def test_a_restart_with_an_edited_threshold_uses_the_new_catalog(tmp_path: Path) -> None:
     """The state file holds state, never the catalog or what is derived from it: a threshold
     edited between two runs (same rule ids) is the one the restarted detector applies."""
-    import pickle
 
     from gpuwarden.detector import Detector, load_catalog
     from gpuwarden.detector.catalog import __file__ as catalog_py
@@ -136,7 +136,7 @@ def test_a_restart_with_an_edited_threshold_uses_the_new_catalog(tmp_path: Path)
     edited_path = tmp_path / "catalog.yaml"
     edited_path.write_text(shipped.replace(old, old.replace("min_per_min: 10", "min_per_min: 1000")))
     snap = Detector(load_catalog()).snapshot()  # taken before the edit
-    _, _, state = pickle.loads(snap)
+    state = orjson.loads(snap)["state"]
     assert not {"catalog", "_conditions", "_by_scope", "_job_rules", "_gpu_rules"} & set(state)
 
     def storms(d: Detector) -> list[str]:
@@ -154,7 +154,8 @@ def test_a_restart_with_an_edited_threshold_uses_the_new_catalog(tmp_path: Path)
 
 
 class _Boom:
-    """A pickle that would run ``os.system`` when loaded by a plain unpickler."""
+    """A pickle that would run ``os.system`` when loaded by a plain unpickler (the format of
+    version 1 of the state file)."""
 
     def __reduce__(self) -> tuple[Any, tuple[str]]:
         import os
@@ -162,19 +163,39 @@ class _Boom:
         return (os.system, ("touch /tmp/gpuwarden-pwned",))
 
 
-@pytest.mark.parametrize("payload", ["os.system", "eval", "a gpuwarden function"])
+def _state_naming(cls: str, kind: str = "object") -> bytes:
+    from gpuwarden.detector import Detector, load_catalog
+    from gpuwarden.detector.snapshot import FORMAT, VERSION
+
+    d = Detector(load_catalog())
+    ids = sorted(d._conditions) + sorted(r.id for r in d.catalog.rules)
+    x = {"$id": 0, "$o": {"args": "touch /tmp/gpuwarden-pwned"}, "$c": cls, "kind": kind}
+    return orjson.dumps({"format": FORMAT, "version": VERSION, "rules": ids, "state": {"x": x}})
+
+
+@pytest.mark.parametrize(
+    "payload", ["pickle running os.system", "os:system", "builtins:eval", "a gpuwarden function", "subprocess:Popen"]
+)
 def test_a_state_file_that_names_code_is_refused_and_runs_nothing(tmp_path: Path, payload: str) -> None:
-    """Issue 25: whoever can write the state file cannot run code as the detector."""
+    """Issue 25: whoever can write the state file cannot run code as the detector: the file is
+    JSON (a pickle, even one of the old format, is refused unread), and the classes it may name
+    are the detector's state classes only."""
     import pickle
 
-    from gpuwarden.detector.catalog import load_catalog
-
-    target = {"os.system": _Boom(), "eval": (eval, ("1",)), "a gpuwarden function": load_catalog}[payload]
-    path = tmp_path / "state.pkl"
-    path.write_bytes(pickle.dumps((1, [], {"x": target})))
+    path = tmp_path / "state.json"
+    if payload.startswith("pickle"):
+        path.write_bytes(pickle.dumps((1, [], {"x": _Boom()})))
+        match = "not JSON"
+    elif payload == "a gpuwarden function":
+        path.write_bytes(_state_naming("gpuwarden.detector.catalog:load_catalog"))
+        match = "not a class"
+    else:
+        path.write_bytes(_state_naming(payload))
+        match = "refused"
     svc, _ = service(path)
     assert not svc.durable.restored and not Path("/tmp/gpuwarden-pwned").exists()
-    with pytest.raises(ValueError, match="refused"):
+    assert svc.detector.episodes == {}
+    with pytest.raises(ValueError, match=match):
         svc.detector.restore(path.read_bytes())
 
 

@@ -24,8 +24,6 @@ replay at any speed ends with the same failures.
 
 from __future__ import annotations
 
-import io
-import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +53,7 @@ from gpuwarden.shared.models import (
     NodeState,
 )
 
+from . import snapshot as snapshot_format
 from .catalog import Catalog, Rule
 from .conditions import (
     JOB_DEPENDENT,
@@ -64,6 +63,7 @@ from .conditions import (
     JobContext,
     NvlinkRate,
     Reading,
+    RuleBase,
     Silent,
     Tracker,
     evaluate_job,
@@ -731,7 +731,6 @@ class Detector:
         return render(ep.rule, finding, self.price, ep.rule.cost.scope)
 
     # -- state that survives a restart (issue 13) ------------------------------------------
-    _SNAPSHOT_VERSION = 1
     _NOT_STATE = frozenset(
         {
             "catalog",
@@ -746,55 +745,39 @@ class Detector:
         }
     )
 
+    def _rule_ids(self) -> list[str]:
+        return sorted(self._conditions) + sorted(r.id for r in self.catalog.rules)
+
+    def _rules_by_id(self) -> dict[str, Any]:
+        return {r.id: r for r in self.catalog.rules} | self._conditions
+
     def snapshot(self) -> bytes:
         """The detector's state — condition trackers, open episodes, GPU identities,
-        allocations, watermarks, job windows — as bytes for :meth:`restore` (a pickle with a
-        version and the catalog's rule ids; the catalog and settings themselves are not in it).
-        :meth:`restore` reads it with an allow-list (:class:`_SnapshotUnpickler`): a file that names
-        any other class or function is refused, so writing the state file cannot run code."""
+        allocations, watermarks, job windows — as JSON bytes for :meth:`restore`, in the format
+        of :mod:`gpuwarden.detector.snapshot` (tagged JSON with a version and the catalog's rule
+        ids; the catalog and settings themselves are not in it: a rule is written by its id)."""
         state = {k: v for k, v in vars(self).items() if k not in self._NOT_STATE}
-        ids = sorted(self._conditions) + sorted(r.id for r in self.catalog.rules)
-        return pickle.dumps((self._SNAPSHOT_VERSION, ids, state), protocol=pickle.HIGHEST_PROTOCOL)
+        rules = self._rules_by_id()
+
+        def rule_id(obj: Any) -> str | None:
+            rid = getattr(obj, "id", None) if isinstance(obj, RuleBase) else None
+            return rid if isinstance(rid, str) and rules.get(rid) is obj else None
+
+        return snapshot_format.dumps(self._rule_ids(), state, rule_id)
 
     def restore(self, data: bytes) -> None:
         """Replace this detector's state by a :meth:`snapshot`.
 
         Raises:
-            ValueError: not a snapshot of this version, or taken with a different catalog
-                (other rule ids); the state is left unchanged then.
+            ValueError: not a snapshot of this format and version (an older pickle included), a
+                damaged one, one that names a class outside the state classes, or one taken with a
+                different catalog (other rule ids); the state is left unchanged then.
         """
-        try:
-            # the service's own state file (never from the bus), read with an allow-list of classes
-            version, ids, state = _SnapshotUnpickler(io.BytesIO(data)).load()
-        except Exception as exc:
-            raise ValueError(f"not a detector snapshot: {type(exc).__name__}: {exc}") from exc
-        if version != self._SNAPSHOT_VERSION:
-            raise ValueError(f"detector snapshot version {version}, expected {self._SNAPSHOT_VERSION}")
-        if ids != sorted(self._conditions) + sorted(r.id for r in self.catalog.rules):
+        ids, state = snapshot_format.loads(data, self._rules_by_id())
+        if ids != self._rule_ids():
             raise ValueError("detector snapshot was taken with a different catalog (rule ids differ)")
+        # state only: nothing that would replace the catalog, the settings or a method
+        bad = [k for k in state if k in self._NOT_STATE or hasattr(type(self), k) or not k.isidentifier()]
+        if bad:
+            raise ValueError(f"detector snapshot holds attributes that are not state: {sorted(bad)[:5]}")
         vars(self).update(state)
-
-
-#: What a detector snapshot may name (module -> classes; ``*``: any class of that module): the
-#: detector's own state classes, the message models, allocations, and plain containers.
-_SNAPSHOT_CLASSES: dict[str, frozenset[str]] = {
-    "builtins": frozenset({"set", "frozenset", "list", "dict", "tuple", "int", "float", "str", "bytes", "bool"}),
-    "collections": frozenset({"deque", "OrderedDict", "defaultdict", "Counter"}),
-    "gpuwarden.shared.models": frozenset({"*"}),
-    "gpuwarden.shared.allocations": frozenset({"*"}),
-}
-
-
-class _SnapshotUnpickler(pickle.Unpickler):
-    """Unpickles a detector snapshot naming only classes of :data:`_SNAPSHOT_CLASSES` and of the
-    ``gpuwarden.detector`` package (Python's "restricting globals"): no function, no ``os``, no
-    ``eval``, nothing whose call runs code. Raises ``pickle.UnpicklingError`` on anything else."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        allowed = _SNAPSHOT_CLASSES.get(module)
-        ok = module.startswith("gpuwarden.detector.") or (allowed is not None and ("*" in allowed or name in allowed))
-        if ok and "." not in name:
-            obj = super().find_class(module, name)
-            if isinstance(obj, type):
-                return obj
-        raise pickle.UnpicklingError(f"detector snapshot names {module}.{name}: not a state class, refused")

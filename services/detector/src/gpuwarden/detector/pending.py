@@ -95,7 +95,7 @@ class PendingStage:
     """Holds, folds, merges and emits candidate failures (see the module docstring).
 
     State only (the catalog's ``explain`` blocks and the engine are passed to each call), so it
-    pickles with the detector's snapshot.
+    is written with the detector's snapshot (:mod:`gpuwarden.detector.snapshot`).
     """
 
     def __init__(self) -> None:
