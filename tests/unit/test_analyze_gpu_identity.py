@@ -17,9 +17,9 @@ import typer
 from typer.testing import CliRunner
 
 from gpuwarden.collector.recordings import attach_gpu_ids, load_recording, pci_key
-from gpuwarden.demo.analyze import RUN_GAP_S, AnalyzeResult, analyze_recording, recording_runs
-from gpuwarden.demo.analyze_cli import analyze
 from gpuwarden.demo.reports import iso_utc
+from gpuwarden.recordings.analyze import RUN_GAP_S, AnalyzeResult, analyze_recording, recording_runs
+from gpuwarden.recordings.analyze_cli import analyze
 from gpuwarden.shared.models import EventKind, GpuEvent, GpuSample
 
 T0 = dt.datetime(2024, 5, 1, 12, 0, 0, tzinfo=dt.UTC)

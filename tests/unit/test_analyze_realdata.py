@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.collector.recordings import gpu_spec, load_recording
-from gpuwarden.demo.analyze import AnalyzeResult, analyze_recording, fill_from_spec
+from gpuwarden.recordings.analyze import AnalyzeResult, analyze_recording, fill_from_spec
 from prerequisites import need_path
 
 REALDATA = Path(__file__).resolve().parents[2].parent / "shared" / "realdata"

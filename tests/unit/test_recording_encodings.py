@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from gpuwarden.collector.recordings import Recording, detect_encoding, load_recording, read_text
-from gpuwarden.demo.analyze import analyze_recording, fill_from_spec
+from gpuwarden.recordings.analyze import analyze_recording, fill_from_spec
 from prerequisites import need_path
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"

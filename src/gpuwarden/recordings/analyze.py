@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwarden.correlator.core import Correlator, MemoryAllocationStore
+from gpuwarden.demo.reports import iso_utc
+from gpuwarden.demo.scoring import failure_row
 from gpuwarden.detector import Detector, load_catalog
 from gpuwarden.detector.jobreport import JobReporter
 from gpuwarden.shared.bus import decode
@@ -34,9 +36,6 @@ from gpuwarden.shared.models import (
     NodeSample,
     dumps,
 )
-
-from .reports import iso_utc
-from .scoring import failure_row
 
 __all__ = [
     "RUN_GAP_S",

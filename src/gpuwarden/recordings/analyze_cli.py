@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .reports import check_report_path, write_report
+from gpuwarden.demo.reports import check_report_path, write_report
 
 if TYPE_CHECKING:
     from .analyze import AnalyzeResult

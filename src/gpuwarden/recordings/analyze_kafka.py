@@ -19,14 +19,13 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from gpuwarden.demo.runner import spawn_service, stop_services, wait_healthy
 from gpuwarden.shared.bus import Producer, kafka_consumer
 from gpuwarden.shared.models import Failure, GpuEvent, JobState, NodeSample, SlurmWatermark
 from gpuwarden.shared.settings import BusSettings
 from gpuwarden.shared.slurm_progress import JobsOffsets
 from gpuwarden.shared.topics import create_topics
 from gpuwarden.sim.brokers import free_port
-
-from .runner import spawn_service, stop_services, wait_healthy
 
 __all__ = ["analyze_via_kafka"]
 
