@@ -1,5 +1,3 @@
-# Over 500 lines: one class, Detector; every input handler reads and writes the same trackers,
-# episodes and allocations (the rules themselves are data and live in conditions/ and catalog.yaml).
 """The detection engine: pure functions of the messages it is given (event time only).
 
 :class:`Detector` turns attributed events into :class:`~gpuwarden.shared.models.Failure`
@@ -20,11 +18,17 @@ allocations from ``slurm.jobs`` (event-time intervals). An event that arrives be
 job is known opens a failure without a job; when the job's state arrives later, the open
 failure is re-emitted (same ``failure_id``) with the job, user, partition and cost. So a
 replay at any speed ends with the same failures.
+
+The state is split by what owns it: :mod:`.episodes` (the event rules' open episodes and the
+repeat-offender history), :mod:`.jobwindows` (job windows until complete, job history and
+start times), :mod:`.pending` (candidates held until their explanation window closed), and
+this module (the inputs, the GPU- and node-scope condition trackers, Slurm's allocations, GPU
+identities and the event-time watermarks). :meth:`Detector.snapshot` writes all of it
+(:mod:`.snapshot`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwarden.shared.allocations import (
@@ -40,12 +44,10 @@ from gpuwarden.shared.allocations import (
 from gpuwarden.shared.models import (
     AttributedEvent,
     AttributedSample,
-    EventKind,
     Evidence,
     Failure,
     FailureState,
     GpuAttribution,
-    GpuEvent,
     GpuSample,
     HealthCheckResult,
     JobState,
@@ -54,75 +56,33 @@ from gpuwarden.shared.models import (
 )
 
 from . import snapshot as snapshot_format
-from .catalog import Catalog, Rule
+from .catalog import Catalog
 from .conditions import (
     JOB_DEPENDENT,
     ConditionRule,
     GpuCountDrop,
     HealthFailed,
-    JobContext,
     NvlinkRate,
     Reading,
     RuleBase,
     Silent,
     Tracker,
-    evaluate_job,
     gpu_evaluator,
 )
+from .episodes import MAX_EVIDENCE, Episode, EventEpisodes, GpuInfo
+from .jobwindows import JobWindows
 from .pending import PendingStage
 from .render import Finding, render
 
 __all__ = ["Detector", "Episode"]
 
-MAX_EVIDENCE = 20
 IDLE_PARTITION_S = 300.0  # event time: a partition this far behind the newest counts as idle
 #: event time a collector may stamp an event before the samples it publishes with it (one tick
 #: of its kernel-log reader), s
 EVENT_LANE_MARGIN_S = 2.0
 
 
-#: A job's window start is evaluated with the windows it has once the job's newest node is this
-#: many windows past it (a node that stopped reporting must not hold the job's rules forever).
-WINDOW_LAG = 6
-
-
-def _gpu_key(ev: GpuEvent) -> int | str | None:
-    """Which GPU an event's episode and repeat history are kept under: its index, else its PCI bus
-    id (a kernel log alone names GPUs by bus id only: two GPUs of one node stay apart, and the same
-    GPU in two logs is one), else None (node-wide)."""
-    if ev.gpu_index is not None:
-        return ev.gpu_index
-    if ev.pci_bus_id:
-        bus = ev.pci_bus_id.lower()
-        bus = bus.split(":", 1)[1] if bus.count(":") == 2 else bus
-        return bus.removesuffix(".0")
-    return None
-
-
-@dataclass
-class _GpuInfo:
-    uuid: str | None = None
-    pci_bus_id: str | None = None
-
-
-@dataclass
-class Episode:
-    """One open failure: its rule, first event, what is known so far, and the emitted state."""
-
-    rule: Rule
-    first: GpuEvent
-    job: GpuAttribution | None
-    info: _GpuInfo | None
-    last_seen: float
-    occurrences: int = 1
-    evidence: list[Evidence] = field(default_factory=list)
-    last_emitted: float = 0.0
-    failure: Failure | None = None
-    seen: set[str] = field(default_factory=set)
-    pending: bool = False  # folded updates not emitted yet
-
-
-class Detector:
+class Detector(EventEpisodes, JobWindows):
     """Stateful, deterministic rule engine.
 
     Args:
@@ -143,10 +103,10 @@ class Detector:
         self.price = price_usd_per_gpu_hour
         self.update_interval_s = update_interval_s
         self.retention_s = allocation_retention_s
-        self.episodes: dict[tuple[str, str, int | str | None], Episode] = {}
-        self._gpus: dict[tuple[str, int], _GpuInfo] = {}
+        self._init_episodes()  # .episodes: the event rules' open episodes
+        self._init_job_windows()  # .jobwindows: job windows waiting to be complete, job history
+        self._gpus: dict[tuple[str, int], GpuInfo] = {}
         self._allocs: dict[str, dict[str, Allocation]] = {}
-        self._app_xids: dict[tuple[str, int | str], list[tuple[float, str]]] = {}
         self._conditions = {c.id: c for c in catalog.conditions}
         self._by_scope: dict[str, list[ConditionRule]] = {"gpu": [], "node": [], "job": []}
         for c in catalog.conditions:
@@ -171,13 +131,6 @@ class Detector:
         self._watermark = 0.0
         self._silence_checked = 0.0
         self._part_watermarks: dict[int, float] = {}
-        self._windows: dict[str, dict[float, dict[tuple[str, int], JobWindow]]] = {}
-        #: job -> node -> newest window_start seen from that node (the job's window progress per node)
-        self._window_marks: dict[str, dict[str, float]] = {}
-        self._history: dict[str, list[list[JobWindow]]] = {}
-        self._job_ctx: dict[str, JobContext] = {}
-        self._job_starts: dict[str, float] = {}
-        self.window_history = 30
         #: rule id -> its ``explain`` block: the pending-finding stage's rules (from the catalog)
         self._explain = catalog.explanations()
         #: every candidate failure leaves through this stage (:meth:`_release`)
@@ -212,7 +165,7 @@ class Detector:
             key = (node, g.index)
             info = self._gpus.get(key)
             if info is None or info.uuid != g.uuid or info.pci_bus_id != g.pci_bus_id:
-                self._gpus[key] = _GpuInfo(g.uuid, g.pci_bus_id)
+                self._gpus[key] = GpuInfo(g.uuid, g.pci_bus_id)
             prev = self._prev.get(key)
             p_prev, dt = (prev[1], ts - prev[0]) if prev else (None, 0.0)
             nv = self._prev_nvlink.get(key)
@@ -252,71 +205,15 @@ class Detector:
         return self._release(out, h.ts)
 
     def on_window(self, w: JobWindow) -> list[Failure]:
-        """Job-scope condition rules over one window start of a job, once it is complete: all
-        the job's GPUs reported it, or every node of the job has reported a newer window, or
-        the newest node is :data:`WINDOW_LAG` windows past it (a node that stopped reporting).
-
-        Readiness depends on the windows' event times, not on the order in which nodes'
-        windows arrive: windows of a job's nodes come from different correlator partitions and
-        can arrive a few windows apart (a replay at 50x releases a node's held samples in bulk).
-        """
-        groups = self._windows.setdefault(w.job_id, {})
-        group = groups.setdefault(w.window_start, {})
-        group[(w.node, w.gpu_index)] = w
-        marks = self.__dict__.setdefault("_window_marks", {}).setdefault(w.job_id, {})
-        # how many nodes have each newest window start: low/high without a scan of every node
-        # (a 3,125-node job would make every window O(nodes))
-        tally = self.__dict__.setdefault("_window_tally", {}).setdefault(w.job_id, {})
-        if marks and not tally:  # marks restored from a state saved before the tally existed
-            for start in marks.values():
-                tally[start] = tally.get(start, 0) + 1
-        old = marks.get(w.node)
-        if old is None or w.window_start > old:
-            marks[w.node] = w.window_start
-            tally[w.window_start] = tally.get(w.window_start, 0) + 1
-            if old is not None:
-                if tally[old] <= 1:
-                    del tally[old]
-                else:
-                    tally[old] -= 1
-        low, high = min(tally), max(tally)
-        lag = WINDOW_LAG * max(w.window_end - w.window_start, 1e-9)
-        ready = [
-            start
-            for start in sorted(groups)
-            if start < low or start <= high - lag or (w.job_gpus is not None and len(groups[start]) >= w.job_gpus)
-        ]
-        out: list[Failure] = []
-        for start in ready:
-            windows = sorted(groups.pop(start).values(), key=lambda x: (x.node, x.gpu_index))
-            history = self._history.setdefault(w.job_id, [])
-            first = windows[0]
-            ctx = self._job_ctx.get(w.job_id)
-            if ctx is None:
-                ctx = self._job_ctx[w.job_id] = JobContext(self._job_starts.get(w.job_id, first.window_start))
-            ctx.observe(windows)
-            for rule in self._by_scope["job"]:
-                for node, gpu, reading in evaluate_job(rule.signal, windows, history, ctx):
-                    src = next((x for x in windows if x.node == node and (gpu is None or x.gpu_index == gpu)), first)
-                    job = GpuAttribution(
-                        gpu_index=src.gpu_index,
-                        job_id=src.job_id,
-                        user=src.user,
-                        partition=src.partition,
-                        job_gpus=src.job_gpus,
-                    )
-                    out += self._cond(rule, node, gpu, src.window_end, reading, job, "job.windows")
-            history.append(windows)
-            del history[: -self.window_history]
-        return self._release(out, w.window_end)
+        """Job-scope condition rules over one window start of a job, once it is complete
+        (:meth:`~gpuwarden.detector.jobwindows.JobWindows._on_window`)."""
+        return self._release(self._on_window(w), w.window_end)
 
     def on_job(self, job: JobState) -> list[Failure]:
         """Update the allocation table; re-emit open failures this job now explains."""
         nodes = set()
-        if job.start_ts is not None and base_state(job.state) in ACTIVE_STATES:
-            self._job_starts[job.job_id] = job.start_ts
-            if job.job_id in self._job_ctx:
-                self._job_ctx[job.job_id].start_ts = job.start_ts
+        if base_state(job.state) in ACTIVE_STATES:
+            self._job_started(job)
         for a in fan_out(job):
             held = apply_allocation(self._allocs.get(a.node, {}), a, keep_gpuless=True)
             self._allocs[a.node] = expire(held, job.ts, self.retention_s)
@@ -324,11 +221,7 @@ class Detector:
         out = []
         if base_state(job.state) not in ACTIVE_STATES | PENDING_STATES:
             out += self._job_ended(job)
-        for ep in self.episodes.values():
-            if ep.job is None and ep.first.node in nodes and ep.first.gpu_index is not None:
-                ep.job = self._job_at(ep.first.node, ep.first.gpu_index, ep.first.ts)
-                if ep.job is not None:
-                    out.append(self._emit(ep))
+        out += self._reattribute(nodes)
         return self._release(out, job.ts)
 
     def on_event(self, msg: AttributedEvent) -> list[Failure]:
@@ -338,113 +231,6 @@ class Detector:
         open failure on the same GPU instead of opening one of its own.
         """
         return self._release(self._on_event(msg), msg.event.ts)
-
-    def _on_event(self, msg: AttributedEvent) -> list[Failure]:
-        ev = msg.event
-        rule = self.catalog.for_event(ev.kind.value, ev.code, ev.fatal, ev.message or ev.raw)
-        if rule is None:
-            return []
-        evidence = Evidence(
-            signal=ev.kind.value,
-            value=ev.code if ev.code is not None else ev.message,
-            unit="code",
-            threshold=None,
-            ts=ev.ts,
-            source=ev.raw[:500],
-        )
-        if ev.caused_by_xid is not None:
-            cause = self.catalog.for_event(ev.kind.value, ev.caused_by_xid)
-            ep = self.episodes.get((cause.id, ev.node, _gpu_key(ev))) if cause else None
-            if ep is not None and 0 <= ev.ts - ep.last_seen <= ep.rule.burst_window_s:
-                return self._fold(ep, ev, evidence)
-        job = msg.job
-        if job is None and ev.gpu_index is not None:
-            job = self._job_at(ev.node, ev.gpu_index, ev.ts)
-        if job is None and ev.gpu_index is None:
-            job = self._node_job(ev.node, ev.ts)
-        out = self._observe(rule, ev, job, evidence)
-        for rr in self.catalog.repeat_rules(ev.code):
-            out.extend(self._repeat(rr, ev, job, evidence))
-        return out
-
-    def _observe(self, rule: Rule, ev: GpuEvent, job: GpuAttribution | None, evidence: Evidence) -> list[Failure]:
-        key = (rule.id, ev.node, _gpu_key(ev))
-        ep = self.episodes.get(key)
-        if ep is not None and ev.ts < ep.first.ts:
-            return []  # older than the open episode: a late duplicate of history already reported
-        if ep is not None and ev.ts - ep.last_seen <= rule.burst_window_s:
-            return self._fold(ep, ev, evidence)
-        info = self._gpus.get((ev.node, ev.gpu_index)) if ev.gpu_index is not None else None
-        ep = Episode(rule=rule, first=ev, job=job, info=info, last_seen=ev.ts, evidence=[evidence])
-        self.episodes[key] = ep
-        return [self._emit(ep)]
-
-    def _fold(self, ep: Episode, ev: GpuEvent, evidence: Evidence) -> list[Failure]:
-        """Count ``ev`` into an open episode; re-emit at most every ``update_interval_s``."""
-        if ev.event_id == ep.first.event_id or ev.event_id in ep.seen:
-            return []  # redelivery
-        ep.seen.add(ev.event_id)
-        ep.occurrences += 1
-        ep.last_seen = max(ep.last_seen, ev.ts)
-        if len(ep.evidence) < MAX_EVIDENCE:
-            ep.evidence.append(evidence)
-        if ev.ts - ep.last_emitted >= self.update_interval_s:
-            return [self._emit(ep)]
-        ep.pending = True
-        return []
-
-    def adopt(self, f: Failure) -> bool:
-        """Take back an open failure of an event rule that this detector published before it lost
-        its state (read back from ``failures`` at start: the state file was empty, damaged or
-        missing): its episode is open again under the same ``failure_id``, so the next matching
-        event within the rule's burst window folds into it instead of opening a second failure
-        for the same episode, and its later update or resolve is one its consumers know.
-
-        Returns True when adopted; False for a resolved failure, a rule this catalog does not
-        have or that is not an event rule, or an episode this detector already has.
-        """
-        if f.state is not FailureState.OPEN:
-            return False
-        rule = next((r for r in self.catalog.rules if r.id == f.rule_id), None)
-        if rule is None or rule.match.event not in ("xid", "sxid"):
-            return False
-        code = next((e.value for e in f.evidence if e.signal == rule.match.event and isinstance(e.value, int)), None)
-        raw = next((e.source for e in f.evidence if e.signal == rule.match.event), "")
-        first = GpuEvent(
-            event_id=f"adopted-{f.failure_id}",
-            node=f.node,
-            ts=f.first_seen,
-            kind=EventKind(rule.match.event),
-            code=code if code is not None else (rule.match.codes[0] if rule.match.codes else None),
-            gpu_index=f.gpu_index,
-            pci_bus_id=f.pci_bus_id,
-            gpu_uuid=f.gpu_uuid,
-            raw=raw[:4096],
-            source="failures",
-        )
-        key = (rule.id, f.node, _gpu_key(first))
-        if key in self.episodes:
-            return False
-        job = (
-            GpuAttribution(gpu_index=f.gpu_index, job_id=f.job_id, user=f.user, partition=f.partition)
-            if f.job_id is not None and f.gpu_index is not None
-            else None
-        )
-        info = self._gpus.get((f.node, f.gpu_index)) if f.gpu_index is not None else None
-        self.episodes[key] = Episode(
-            rule=rule,
-            first=first,
-            job=job,
-            info=info,
-            last_seen=f.last_seen,
-            occurrences=f.occurrences,
-            evidence=list(f.evidence[:MAX_EVIDENCE]),
-            last_emitted=f.last_seen,
-            failure=f,
-        )
-        self._stage.latest[f.failure_id] = f
-        self._stage.published[f.failure_id] = f.last_seen
-        return True
 
     def flush(self) -> list[Failure]:
         """The end of a finite stream (a recording, a scenario): the latest version of every
@@ -536,21 +322,6 @@ class Detector:
         )
         return render(rule, finding, self.price, rule.cost.scope)
 
-    def _repeat(self, rule: Rule, ev: GpuEvent, job: GpuAttribution | None, evidence: Evidence) -> list[Failure]:
-        """Application XIDs recurring on one GPU under several jobs: the GPU, not the code."""
-        gkey = _gpu_key(ev)
-        if job is None or gkey is None or rule.match.window_s is None or rule.match.jobs is None:
-            return []
-        hist = self._app_xids.setdefault((ev.node, gkey), [])
-        hist.append((ev.ts, job.job_id))
-        window = rule.match.window_s
-        hist[:] = [(t, j) for t, j in hist if ev.ts - t <= window]
-        jobs = sorted({j for _, j in hist})
-        if len(jobs) < rule.match.jobs:
-            return []
-        note = ev.model_copy(update={"message": f"XIDs {sorted(rule.match.codes)} under jobs {', '.join(jobs)}"})
-        return self._observe(rule, note, job, evidence)
-
     # -- helpers ---------------------------------------------------------------------
     def _node_conditions(self, node: str, ts: float, gpu_count: int, partition: int | None) -> list[Failure]:
         out: list[Failure] = []
@@ -605,12 +376,7 @@ class Detector:
         """A job that ended resolves its job-scope conditions (nothing left to be idle or slow)."""
         out: list[Failure] = []
         end = job.end_ts if job.end_ts is not None else job.ts
-        self._windows.pop(job.job_id, None)
-        self.__dict__.get("_window_marks", {}).pop(job.job_id, None)
-        self.__dict__.get("_window_tally", {}).pop(job.job_id, None)
-        self._history.pop(job.job_id, None)
-        self._job_ctx.pop(job.job_id, None)
-        self._job_starts.pop(job.job_id, None)
+        self._forget_job(job.job_id)
         for key, tr in list(self._trackers.items()):
             rule_id, node, gpu, job_id = key
             if job_id != job.job_id or not tr.opened:
@@ -706,29 +472,6 @@ class Detector:
     def _job_at(self, node: str, gpu: int, ts: float) -> GpuAttribution | None:
         found = attributions_at(self._allocs.get(node, {}), ts, [gpu])
         return found[0] if found else None
-
-    def _emit(self, ep: Episode) -> Failure:
-        ep.last_emitted = ep.last_seen
-        ep.pending = False
-        ep.failure = self._render(ep)
-        return ep.failure
-
-    def _render(self, ep: Episode) -> Failure:
-        ev, info = ep.first, ep.info
-        finding = Finding(
-            node=ev.node,
-            gpu_index=ev.gpu_index,
-            first_seen=ev.ts,
-            last_seen=ep.last_seen,
-            occurrences=ep.occurrences,
-            evidence=ep.evidence,
-            job=ep.job,
-            gpu_uuid=ev.gpu_uuid or (info.uuid if info else None),
-            pci_bus_id=ev.pci_bus_id or (info.pci_bus_id if info else None),
-            code=ev.code,
-            message=ev.message,
-        )
-        return render(ep.rule, finding, self.price, ep.rule.cost.scope)
 
     # -- state that survives a restart (issue 13) ------------------------------------------
     _NOT_STATE = frozenset(

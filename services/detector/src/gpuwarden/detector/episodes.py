@@ -1,0 +1,251 @@
+"""Event episodes of the detector: XIDs, SXIDs and other kernel-log events matched by the
+catalog's event rules, folded per (rule, node, GPU) into one open failure for as long as the
+rule's burst window keeps it going, plus the repeat-offender history of application XIDs.
+
+State (in the detector's snapshot): ``episodes`` and ``_app_xids``. Mixed into
+:class:`~gpuwarden.detector.engine.Detector`, which owns the inputs, the allocations, the GPU
+identities and the pending-finding stage these methods use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gpuwarden.shared.models import (
+    AttributedEvent,
+    EventKind,
+    Evidence,
+    Failure,
+    FailureState,
+    GpuAttribution,
+    GpuEvent,
+)
+
+from .catalog import Catalog, Rule
+from .render import Finding, render
+
+if TYPE_CHECKING:
+    from .pending import PendingStage
+
+__all__ = ["MAX_EVIDENCE", "Episode", "EventEpisodes", "GpuInfo"]
+
+#: evidence entries kept per failure
+MAX_EVIDENCE = 20
+
+
+def _gpu_key(ev: GpuEvent) -> int | str | None:
+    """Which GPU an event's episode and repeat history are kept under: its index, else its PCI bus
+    id (a kernel log alone names GPUs by bus id only: two GPUs of one node stay apart, and the same
+    GPU in two logs is one), else None (node-wide)."""
+    if ev.gpu_index is not None:
+        return ev.gpu_index
+    if ev.pci_bus_id:
+        bus = ev.pci_bus_id.lower()
+        bus = bus.split(":", 1)[1] if bus.count(":") == 2 else bus
+        return bus.removesuffix(".0")
+    return None
+
+
+@dataclass
+class GpuInfo:
+    """A GPU's identity as its samples last gave it."""
+
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+
+
+@dataclass
+class Episode:
+    """One open failure: its rule, first event, what is known so far, and the emitted state."""
+
+    rule: Rule
+    first: GpuEvent
+    job: GpuAttribution | None
+    info: GpuInfo | None
+    last_seen: float
+    occurrences: int = 1
+    evidence: list[Evidence] = field(default_factory=list)
+    last_emitted: float = 0.0
+    failure: Failure | None = None
+    seen: set[str] = field(default_factory=set)
+    pending: bool = False  # folded updates not emitted yet
+
+
+class EventEpisodes:
+    """The event rules' part of the detector (a mixin of :class:`~gpuwarden.detector.engine.Detector`)."""
+
+    episodes: dict[tuple[str, str, int | str | None], Episode]
+    #: (node, GPU key) -> (event time, job id) of recent application XIDs (repeat offenders)
+    _app_xids: dict[tuple[str, int | str], list[tuple[float, str]]]
+    catalog: Catalog
+    price: float
+    update_interval_s: float
+    _gpus: dict[tuple[str, int], GpuInfo]
+    _stage: PendingStage
+
+    if TYPE_CHECKING:
+
+        def _job_at(self, node: str, gpu: int, ts: float) -> GpuAttribution | None: ...
+
+        def _node_job(self, node: str, ts: float) -> GpuAttribution | None: ...
+
+    def _init_episodes(self) -> None:
+        self.episodes = {}
+        self._app_xids = {}
+
+    def _on_event(self, msg: AttributedEvent) -> list[Failure]:
+        ev = msg.event
+        rule = self.catalog.for_event(ev.kind.value, ev.code, ev.fatal, ev.message or ev.raw)
+        if rule is None:
+            return []
+        evidence = Evidence(
+            signal=ev.kind.value,
+            value=ev.code if ev.code is not None else ev.message,
+            unit="code",
+            threshold=None,
+            ts=ev.ts,
+            source=ev.raw[:500],
+        )
+        if ev.caused_by_xid is not None:
+            cause = self.catalog.for_event(ev.kind.value, ev.caused_by_xid)
+            ep = self.episodes.get((cause.id, ev.node, _gpu_key(ev))) if cause else None
+            if ep is not None and 0 <= ev.ts - ep.last_seen <= ep.rule.burst_window_s:
+                return self._fold(ep, ev, evidence)
+        job = msg.job
+        if job is None and ev.gpu_index is not None:
+            job = self._job_at(ev.node, ev.gpu_index, ev.ts)
+        if job is None and ev.gpu_index is None:
+            job = self._node_job(ev.node, ev.ts)
+        out = self._observe(rule, ev, job, evidence)
+        for rr in self.catalog.repeat_rules(ev.code):
+            out.extend(self._repeat(rr, ev, job, evidence))
+        return out
+
+    def _observe(self, rule: Rule, ev: GpuEvent, job: GpuAttribution | None, evidence: Evidence) -> list[Failure]:
+        key = (rule.id, ev.node, _gpu_key(ev))
+        ep = self.episodes.get(key)
+        if ep is not None and ev.ts < ep.first.ts:
+            return []  # older than the open episode: a late duplicate of history already reported
+        if ep is not None and ev.ts - ep.last_seen <= rule.burst_window_s:
+            return self._fold(ep, ev, evidence)
+        info = self._gpus.get((ev.node, ev.gpu_index)) if ev.gpu_index is not None else None
+        ep = Episode(rule=rule, first=ev, job=job, info=info, last_seen=ev.ts, evidence=[evidence])
+        self.episodes[key] = ep
+        return [self._emit(ep)]
+
+    def _fold(self, ep: Episode, ev: GpuEvent, evidence: Evidence) -> list[Failure]:
+        """Count ``ev`` into an open episode; re-emit at most every ``update_interval_s``."""
+        if ev.event_id == ep.first.event_id or ev.event_id in ep.seen:
+            return []  # redelivery
+        ep.seen.add(ev.event_id)
+        ep.occurrences += 1
+        ep.last_seen = max(ep.last_seen, ev.ts)
+        if len(ep.evidence) < MAX_EVIDENCE:
+            ep.evidence.append(evidence)
+        if ev.ts - ep.last_emitted >= self.update_interval_s:
+            return [self._emit(ep)]
+        ep.pending = True
+        return []
+
+    def adopt(self, f: Failure) -> bool:
+        """Take back an open failure of an event rule that this detector published before it lost
+        its state (read back from ``failures`` at start: the state file was empty, damaged or
+        missing): its episode is open again under the same ``failure_id``, so the next matching
+        event within the rule's burst window folds into it instead of opening a second failure
+        for the same episode, and its later update or resolve is one its consumers know.
+
+        Returns True when adopted; False for a resolved failure, a rule this catalog does not
+        have or that is not an event rule, or an episode this detector already has.
+        """
+        if f.state is not FailureState.OPEN:
+            return False
+        rule = next((r for r in self.catalog.rules if r.id == f.rule_id), None)
+        if rule is None or rule.match.event not in ("xid", "sxid"):
+            return False
+        code = next((e.value for e in f.evidence if e.signal == rule.match.event and isinstance(e.value, int)), None)
+        raw = next((e.source for e in f.evidence if e.signal == rule.match.event), "")
+        first = GpuEvent(
+            event_id=f"adopted-{f.failure_id}",
+            node=f.node,
+            ts=f.first_seen,
+            kind=EventKind(rule.match.event),
+            code=code if code is not None else (rule.match.codes[0] if rule.match.codes else None),
+            gpu_index=f.gpu_index,
+            pci_bus_id=f.pci_bus_id,
+            gpu_uuid=f.gpu_uuid,
+            raw=raw[:4096],
+            source="failures",
+        )
+        key = (rule.id, f.node, _gpu_key(first))
+        if key in self.episodes:
+            return False
+        job = (
+            GpuAttribution(gpu_index=f.gpu_index, job_id=f.job_id, user=f.user, partition=f.partition)
+            if f.job_id is not None and f.gpu_index is not None
+            else None
+        )
+        info = self._gpus.get((f.node, f.gpu_index)) if f.gpu_index is not None else None
+        self.episodes[key] = Episode(
+            rule=rule,
+            first=first,
+            job=job,
+            info=info,
+            last_seen=f.last_seen,
+            occurrences=f.occurrences,
+            evidence=list(f.evidence[:MAX_EVIDENCE]),
+            last_emitted=f.last_seen,
+            failure=f,
+        )
+        self._stage.latest[f.failure_id] = f
+        self._stage.published[f.failure_id] = f.last_seen
+        return True
+
+    def _repeat(self, rule: Rule, ev: GpuEvent, job: GpuAttribution | None, evidence: Evidence) -> list[Failure]:
+        """Application XIDs recurring on one GPU under several jobs: the GPU, not the code."""
+        gkey = _gpu_key(ev)
+        if job is None or gkey is None or rule.match.window_s is None or rule.match.jobs is None:
+            return []
+        hist = self._app_xids.setdefault((ev.node, gkey), [])
+        hist.append((ev.ts, job.job_id))
+        window = rule.match.window_s
+        hist[:] = [(t, j) for t, j in hist if ev.ts - t <= window]
+        jobs = sorted({j for _, j in hist})
+        if len(jobs) < rule.match.jobs:
+            return []
+        note = ev.model_copy(update={"message": f"XIDs {sorted(rule.match.codes)} under jobs {', '.join(jobs)}"})
+        return self._observe(rule, note, job, evidence)
+
+    def _emit(self, ep: Episode) -> Failure:
+        ep.last_emitted = ep.last_seen
+        ep.pending = False
+        ep.failure = self._render(ep)
+        return ep.failure
+
+    def _render(self, ep: Episode) -> Failure:
+        ev, info = ep.first, ep.info
+        finding = Finding(
+            node=ev.node,
+            gpu_index=ev.gpu_index,
+            first_seen=ev.ts,
+            last_seen=ep.last_seen,
+            occurrences=ep.occurrences,
+            evidence=ep.evidence,
+            job=ep.job,
+            gpu_uuid=ev.gpu_uuid or (info.uuid if info else None),
+            pci_bus_id=ev.pci_bus_id or (info.pci_bus_id if info else None),
+            code=ev.code,
+            message=ev.message,
+        )
+        return render(ep.rule, finding, self.price, ep.rule.cost.scope)
+
+    def _reattribute(self, nodes: set[str]) -> list[Failure]:
+        """Open episodes on ``nodes`` that had no job: re-emitted (same ``failure_id``) with the
+        job that Slurm's allocations now give them."""
+        out = []
+        for ep in self.episodes.values():
+            if ep.job is None and ep.first.node in nodes and ep.first.gpu_index is not None:
+                ep.job = self._job_at(ep.first.node, ep.first.gpu_index, ep.first.ts)
+                if ep.job is not None:
+                    out.append(self._emit(ep))
+        return out

@@ -1,0 +1,135 @@
+"""Job windows of the detector: the correlator's per-(job, node, GPU) windows grouped by window
+start until the job's window is complete, then the job-scope condition rules (idle, partial idle,
+hang, stragglers, ...) over it with the job's recent history.
+
+State (in the detector's snapshot): ``_windows``, ``_window_marks``, ``_window_tally``,
+``_history``, ``_job_ctx``, ``_job_starts``. Mixed into
+:class:`~gpuwarden.detector.engine.Detector`, which owns the condition trackers these rules
+step.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gpuwarden.shared.models import Failure, GpuAttribution, JobState, JobWindow
+
+from .conditions import ConditionRule, JobContext, Reading, evaluate_job
+
+__all__ = ["WINDOW_LAG", "JobWindows"]
+
+#: A job's window start is evaluated with the windows it has once the job's newest node is this
+#: many windows past it (a node that stopped reporting must not hold the job's rules forever).
+WINDOW_LAG = 6
+
+
+class JobWindows:
+    """The job-scope part of the detector (a mixin of :class:`~gpuwarden.detector.engine.Detector`)."""
+
+    #: job -> window start -> (node, GPU) -> window, until the window start is complete
+    _windows: dict[str, dict[float, dict[tuple[str, int], JobWindow]]]
+    #: job -> node -> newest window_start seen from that node (the job's window progress per node)
+    _window_marks: dict[str, dict[str, float]]
+    #: job -> newest window start -> how many nodes have it
+    _window_tally: dict[str, dict[float, int]]
+    #: job -> its last ``window_history`` complete window starts
+    _history: dict[str, list[list[JobWindow]]]
+    _job_ctx: dict[str, JobContext]
+    _job_starts: dict[str, float]
+    window_history: int
+    _by_scope: dict[str, list[ConditionRule]]
+
+    if TYPE_CHECKING:
+
+        def _cond(
+            self,
+            rule: ConditionRule,
+            node: str,
+            gpu: int | None,
+            ts: float,
+            reading: Reading,
+            job: GpuAttribution | None,
+            source: str,
+        ) -> list[Failure]: ...
+
+    def _init_job_windows(self) -> None:
+        self._windows = {}
+        self._window_marks = {}
+        self._window_tally = {}
+        self._history = {}
+        self._job_ctx = {}
+        self._job_starts = {}
+        self.window_history = 30
+
+    def _on_window(self, w: JobWindow) -> list[Failure]:
+        """Job-scope condition rules over one window start of a job, once it is complete: all
+        the job's GPUs reported it, or every node of the job has reported a newer window, or
+        the newest node is :data:`WINDOW_LAG` windows past it (a node that stopped reporting).
+
+        Readiness depends on the windows' event times, not on the order in which nodes'
+        windows arrive: windows of a job's nodes come from different correlator partitions and
+        can arrive a few windows apart (a replay at 50x releases a node's held samples in bulk).
+        """
+        groups = self._windows.setdefault(w.job_id, {})
+        group = groups.setdefault(w.window_start, {})
+        group[(w.node, w.gpu_index)] = w
+        marks = self._window_marks.setdefault(w.job_id, {})
+        # how many nodes have each newest window start: low/high without a scan of every node
+        # (a 3,125-node job would make every window O(nodes))
+        tally = self._window_tally.setdefault(w.job_id, {})
+        old = marks.get(w.node)
+        if old is None or w.window_start > old:
+            marks[w.node] = w.window_start
+            tally[w.window_start] = tally.get(w.window_start, 0) + 1
+            if old is not None:
+                if tally[old] <= 1:
+                    del tally[old]
+                else:
+                    tally[old] -= 1
+        low, high = min(tally), max(tally)
+        lag = WINDOW_LAG * max(w.window_end - w.window_start, 1e-9)
+        ready = [
+            start
+            for start in sorted(groups)
+            if start < low or start <= high - lag or (w.job_gpus is not None and len(groups[start]) >= w.job_gpus)
+        ]
+        out: list[Failure] = []
+        for start in ready:
+            windows = sorted(groups.pop(start).values(), key=lambda x: (x.node, x.gpu_index))
+            history = self._history.setdefault(w.job_id, [])
+            first = windows[0]
+            ctx = self._job_ctx.get(w.job_id)
+            if ctx is None:
+                ctx = self._job_ctx[w.job_id] = JobContext(self._job_starts.get(w.job_id, first.window_start))
+            ctx.observe(windows)
+            for rule in self._by_scope["job"]:
+                for node, gpu, reading in evaluate_job(rule.signal, windows, history, ctx):
+                    src = next((x for x in windows if x.node == node and (gpu is None or x.gpu_index == gpu)), first)
+                    job = GpuAttribution(
+                        gpu_index=src.gpu_index,
+                        job_id=src.job_id,
+                        user=src.user,
+                        partition=src.partition,
+                        job_gpus=src.job_gpus,
+                    )
+                    out += self._cond(rule, node, gpu, src.window_end, reading, job, "job.windows")
+            history.append(windows)
+            del history[: -self.window_history]
+        return out
+
+    def _job_started(self, job: JobState) -> None:
+        """A running job's start time: the origin of its start-up grace (``JobContext``)."""
+        if job.start_ts is None:
+            return
+        self._job_starts[job.job_id] = job.start_ts
+        if job.job_id in self._job_ctx:
+            self._job_ctx[job.job_id].start_ts = job.start_ts
+
+    def _forget_job(self, job_id: str) -> None:
+        """A job that ended: its windows, progress and history go."""
+        self._windows.pop(job_id, None)
+        self._window_marks.pop(job_id, None)
+        self._window_tally.pop(job_id, None)
+        self._history.pop(job_id, None)
+        self._job_ctx.pop(job_id, None)
+        self._job_starts.pop(job_id, None)
