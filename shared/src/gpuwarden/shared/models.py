@@ -228,7 +228,7 @@ class GpuSample(Model):
     retired_pages: int | None = Field(None, ge=0, description="Retired pages (SBE+DBE), count")
     remapped_rows_pending: bool | None = Field(None, description="A row remap is pending a GPU reset")
     remapped_rows_failure: bool | None = Field(None, description="A row remap failed")
-    pcie_replay_count: int | None = Field(None, ge=0, description="PCIe replay counter, monotonic")
+    pcie_replay_count: int | None = Field(None, ge=0, description="PCIe replay counter (monotonic), count")
     pcie_link_gen: int | None = Field(None, ge=0, description="Current PCIe link generation")
     pcie_link_width: int | None = Field(None, ge=0, description="Current PCIe link width, lanes")
     energy_j: float | None = Field(None, ge=0, description="Energy since driver load, J")
@@ -245,11 +245,13 @@ class GpuSample(Model):
     performance_state: int | None = Field(None, ge=0, le=32, description="Performance state N of PN (0 = P0)")
     ecc_sbe_aggregate: int | None = Field(None, ge=0, description="Correctable ECC errors, lifetime, count")
     ecc_dbe_aggregate: int | None = Field(None, ge=0, description="Uncorrectable ECC errors, lifetime, count")
-    retired_pages_sbe: int | None = Field(None, ge=0, description="Pages retired for multiple single-bit errors")
-    retired_pages_dbe: int | None = Field(None, ge=0, description="Pages retired for double-bit errors")
+    retired_pages_sbe: int | None = Field(None, ge=0, description="Pages retired for multiple single-bit errors, count")
+    retired_pages_dbe: int | None = Field(None, ge=0, description="Pages retired for double-bit errors, count")
     retired_pages_pending: bool | None = Field(None, description="A page retirement waits for a reboot")
-    remapped_rows_correctable: int | None = Field(None, ge=0, description="Rows remapped for correctable errors")
-    remapped_rows_uncorrectable: int | None = Field(None, ge=0, description="Rows remapped for uncorrectable errors")
+    remapped_rows_correctable: int | None = Field(None, ge=0, description="Rows remapped for correctable errors, count")
+    remapped_rows_uncorrectable: int | None = Field(
+        None, ge=0, description="Rows remapped for uncorrectable errors, count"
+    )
     pcie_link_gen_max: int | None = Field(None, ge=0, description="Maximum PCIe link generation")
     pcie_link_width_max: int | None = Field(None, ge=0, description="Maximum PCIe link width, lanes")
     pcie_tx_kbps: float | None = Field(None, ge=0, description="PCIe transmit throughput, KB/s")
@@ -268,7 +270,7 @@ class GpuSample(Model):
         "(C compute, G graphics, C+G, M MPS, as printed) and process_name; NVML lists compute processes only",
     )
     mig_mode: bool | None = Field(None, description="MIG mode currently enabled")
-    mig_instances: int | None = Field(None, ge=0, description="MIG GPU instances present")
+    mig_instances: int | None = Field(None, ge=0, description="MIG GPU instances present, count")
     sm_occupancy_pct: Pct = Field(None, description="GPM SM occupancy (Hopper+), %")
     tensor_activity_pct: Pct = Field(None, description="GPM tensor pipe activity (Hopper+), %")
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gpuwarden.shared.fields import SmiKind, smi_query_fields
 from gpuwarden.shared.models import GpuSample
 from gpuwarden.shared.nvidia.pci import normalize_pci_bus_id
 from gpuwarden.shared.nvidia.tokens import NA_TOKENS
@@ -581,42 +582,11 @@ def parse_nvidia_smi_csv(text: str, fields: list[str] | None = None) -> list[Csv
     return out
 
 
-# GpuSample field <- the query fields read for it, first present wins; how the value is read.
-SampleKind = Literal["float", "int", "str", "pstate", "pci"]
-CSV_SAMPLE_FIELDS: tuple[tuple[str, tuple[str, ...], SampleKind], ...] = (
-    ("uuid", ("uuid", "gpu_uuid"), "str"),
-    ("pci_bus_id", ("pci.bus_id", "gpu_bus_id"), "pci"),
-    ("name", ("name", "gpu_name"), "str"),
-    ("serial", ("serial", "gpu_serial"), "str"),
-    ("vbios_version", ("vbios_version",), "str"),
-    ("utilization_gpu_pct", ("utilization.gpu",), "float"),
-    ("utilization_memory_pct", ("utilization.memory",), "float"),
-    ("memory_used_mib", ("memory.used",), "float"),
-    ("memory_total_mib", ("memory.total",), "float"),
-    ("memory_free_mib", ("memory.free",), "float"),
-    ("memory_reserved_mib", ("memory.reserved",), "float"),
-    ("temperature_c", ("temperature.gpu",), "float"),
-    ("memory_temperature_c", ("temperature.memory",), "float"),
-    ("power_w", ("power.draw", "power.draw.average", "power.draw.instant"), "float"),
-    ("power_limit_w", ("enforced.power.limit", "power.limit"), "float"),
-    ("power_management_limit_w", ("power.limit",), "float"),
-    ("sm_clock_mhz", ("clocks.current.sm", "clocks.sm"), "float"),
-    ("graphics_clock_mhz", ("clocks.current.graphics", "clocks.gr"), "float"),
-    ("memory_clock_mhz", ("clocks.current.memory", "clocks.mem"), "float"),
-    ("max_sm_clock_mhz", ("clocks.max.sm",), "float"),
-    ("max_graphics_clock_mhz", ("clocks.max.graphics", "clocks.max.gr"), "float"),
-    ("max_memory_clock_mhz", ("clocks.max.memory", "clocks.max.mem"), "float"),
-    ("performance_state", ("pstate",), "pstate"),
-    ("fan_speed_pct", ("fan.speed",), "float"),
-    ("pcie_link_gen", ("pcie.link.gen.current", "pcie.link.gen.gpucurrent"), "int"),
-    ("pcie_link_gen_max", ("pcie.link.gen.max",), "int"),
-    ("pcie_link_width", ("pcie.link.width.current",), "int"),
-    ("pcie_link_width_max", ("pcie.link.width.max",), "int"),
-    ("ecc_sbe_volatile", ("ecc.errors.corrected.volatile.total",), "int"),
-    ("ecc_dbe_volatile", ("ecc.errors.uncorrected.volatile.total",), "int"),
-    ("ecc_sbe_aggregate", ("ecc.errors.corrected.aggregate.total",), "int"),
-    ("ecc_dbe_aggregate", ("ecc.errors.uncorrected.aggregate.total",), "int"),
-)
+#: How a CSV value is read for its GpuSample field (the registry's kinds).
+SampleKind = SmiKind
+#: GpuSample field <- the ``--query-gpu`` names read for it, first present wins; how the value
+#: is read. From the field registry (``gpuwarden/shared/fields.csv`` ``smi_query``/``smi_kind``).
+CSV_SAMPLE_FIELDS: tuple[tuple[str, tuple[str, ...], SampleKind], ...] = smi_query_fields()
 _SAMPLE_KEYS = frozenset(k for _, keys, _ in CSV_SAMPLE_FIELDS for k in keys)
 
 

@@ -10,6 +10,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from gpuwarden.shared.fields import FieldSpec, dcgm_write_fields
+
 from .catalog import catalog_entries
 from .metrics import AttrValue, GpuView, _check_keys, nvlink_error_totals
 
@@ -65,45 +67,39 @@ def _nvl(v: GpuView, etype: str) -> float | None:
     return None if n is None else float(n)
 
 
-#: dcgm-exporter field name -> its value in dcgm-exporter's unit (None: not reported)
-_DCGM_VALUES: dict[str, Callable[[GpuView], float | None]] = {
-    "DCGM_FI_DEV_GPU_UTIL": lambda v: v.gpu.utilization_gpu_pct,
-    "DCGM_FI_DEV_MEM_COPY_UTIL": lambda v: v.gpu.utilization_memory_pct,
-    "DCGM_FI_DEV_FB_USED": lambda v: v.gpu.memory_used_mib,
+def _registry_value(f: FieldSpec) -> Callable[[GpuView], float | None]:
+    """A registry row's value in DCGM's unit: the model's value / ``dcgm_scale``, a bool as 0/1."""
+    name, k = f.field, 1.0 / (f.dcgm_scale or 1.0)
+    if f.type == "bool":
+        return lambda v: _flag(getattr(v.gpu, name))
+    if k == 1.0:
+        return lambda v: getattr(v.gpu, name)
+    return lambda v: _scale(getattr(v.gpu, name), k)
+
+
+#: Values computed in code, not one GpuSample field each: FB_FREE from total - used (the
+#: collector reads FB_FREE into ``memory_free_mib``), NVLink totals over the links, the last XID.
+_DCGM_COMPUTED: dict[str, Callable[[GpuView], float | None]] = {
     "DCGM_FI_DEV_FB_FREE": _fb_free,
-    "DCGM_FI_DEV_GPU_TEMP": lambda v: v.gpu.temperature_c,
-    "DCGM_FI_DEV_MEMORY_TEMP": lambda v: v.gpu.memory_temperature_c,
-    "DCGM_FI_DEV_POWER_USAGE": lambda v: v.gpu.power_w,
-    "DCGM_FI_DEV_POWER_MGMT_LIMIT": lambda v: v.gpu.power_limit_w,
-    "DCGM_FI_DEV_SM_CLOCK": lambda v: v.gpu.sm_clock_mhz,
-    "DCGM_FI_DEV_MEM_CLOCK": lambda v: v.gpu.memory_clock_mhz,
-    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": lambda v: _scale(v.gpu.energy_j, 1000.0),
-    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": lambda v: v.gpu.ecc_sbe_volatile,
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": lambda v: v.gpu.ecc_dbe_volatile,
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": lambda v: v.gpu.pcie_replay_count,
-    "DCGM_FI_DEV_PCIE_LINK_GEN": lambda v: v.gpu.pcie_link_gen,
-    "DCGM_FI_DEV_PCIE_LINK_WIDTH": lambda v: v.gpu.pcie_link_width,
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE": lambda v: _flag(v.gpu.remapped_rows_failure),
-    "DCGM_FI_DEV_ROW_REMAP_PENDING": lambda v: _flag(v.gpu.remapped_rows_pending),
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": lambda v: v.gpu.remapped_rows_correctable,
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": lambda v: v.gpu.remapped_rows_uncorrectable,
-    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": lambda v: v.gpu.ecc_sbe_aggregate,
-    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": lambda v: v.gpu.ecc_dbe_aggregate,
-    "DCGM_FI_DEV_RETIRED_SBE": lambda v: v.gpu.retired_pages_sbe,
-    "DCGM_FI_DEV_RETIRED_DBE": lambda v: v.gpu.retired_pages_dbe,
-    "DCGM_FI_DEV_RETIRED_PENDING": lambda v: _flag(v.gpu.retired_pages_pending),
-    "DCGM_FI_DEV_FAN_SPEED": lambda v: v.gpu.fan_speed_pct,
-    "DCGM_FI_DEV_PSTATE": lambda v: v.gpu.performance_state,
-    "DCGM_FI_PROF_PCIE_TX_BYTES": lambda v: _scale(v.gpu.pcie_tx_kbps, 1024.0),
-    "DCGM_FI_PROF_PCIE_RX_BYTES": lambda v: _scale(v.gpu.pcie_rx_kbps, 1024.0),
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": lambda v: _scale(v.gpu.tensor_activity_pct, 0.01),
-    "DCGM_FI_PROF_SM_OCCUPANCY": lambda v: _scale(v.gpu.sm_occupancy_pct, 0.01),
     "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": lambda v: _nvl(v, "crc_flit"),
     "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": lambda v: _nvl(v, "crc_data"),
     "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": lambda v: _nvl(v, "replay"),
     "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": lambda v: _nvl(v, "recovery"),
     "DCGM_FI_DEV_XID_ERRORS": lambda v: None if v.last_xid is None else float(v.last_xid),
-}  # fmt: skip
+}
+
+
+def _dcgm_values() -> dict[str, Callable[[GpuView], float | None]]:
+    out = {f.dcgm_field[0]: _registry_value(f) for f in dcgm_write_fields()}
+    if both := out.keys() & _DCGM_COMPUTED.keys():
+        raise ValueError(f"fields.csv: {sorted(both)} are computed in otlp_bridge/dcgm.py, not written from a field")
+    return out | _DCGM_COMPUTED
+
+
+#: dcgm-exporter field name -> its value in dcgm-exporter's unit (None: not reported): the
+#: registry's written fields (``gpuwarden/shared/fields.csv``, ``dcgm_dir`` write/both) and
+#: :data:`_DCGM_COMPUTED`.
+_DCGM_VALUES: dict[str, Callable[[GpuView], float | None]] = _dcgm_values()
 
 
 def _dcgm_metrics() -> tuple[DcgmSpec, ...]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuwarden.shared.fields import FIELDS, FieldSpec, by_field, dcgm_read_map
 from gpuwarden.shared.models import EventKind, GpuEvent, stable_id
 from gpuwarden.shared.nvidia.nvml import THROTTLE_BITS
 from gpuwarden.shared.nvidia.pci import normalize_pci_bus_id
@@ -28,33 +29,10 @@ __all__ = [
     "xid_event",
 ]
 
-#: DCGM field -> (GpuSample field, factor). Bitmasks, XIDs and NVLink totals are handled apart.
-DCGM_FIELDS: dict[str, tuple[str, float]] = {
-    "DCGM_FI_DEV_GPU_UTIL": ("utilization_gpu_pct", 1.0),
-    "DCGM_FI_DEV_MEM_COPY_UTIL": ("utilization_memory_pct", 1.0),
-    "DCGM_FI_DEV_FB_USED": ("memory_used_mib", 1.0),
-    "DCGM_FI_DEV_FB_FREE": ("memory_free_mib", 1.0),
-    "DCGM_FI_DEV_FB_TOTAL": ("memory_total_mib", 1.0),
-    "DCGM_FI_DEV_FB_RESERVED": ("memory_reserved_mib", 1.0),
-    "DCGM_FI_DEV_GPU_TEMP": ("temperature_c", 1.0),
-    "DCGM_FI_DEV_MEMORY_TEMP": ("memory_temperature_c", 1.0),
-    "DCGM_FI_DEV_POWER_USAGE": ("power_w", 1.0),
-    "DCGM_FI_DEV_SM_CLOCK": ("sm_clock_mhz", 1.0),
-    "DCGM_FI_DEV_MEM_CLOCK": ("memory_clock_mhz", 1.0),
-    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": ("ecc_sbe_volatile", 1.0),
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ("ecc_dbe_volatile", 1.0),
-    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": ("ecc_sbe_aggregate", 1.0),
-    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": ("ecc_dbe_aggregate", 1.0),
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ("pcie_replay_count", 1.0),
-    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("energy_j", 0.001),  # mJ
-    "DCGM_FI_DEV_FAN_SPEED": ("fan_speed_pct", 1.0),
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("tensor_activity_pct", 100.0),  # ratio 0-1
-    "DCGM_FI_PROF_SM_OCCUPANCY": ("sm_occupancy_pct", 100.0),
-    "DCGM_FI_DEV_ROW_REMAP_PENDING": ("remapped_rows_pending", 1.0),
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("remapped_rows_failure", 1.0),
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("remapped_rows_correctable", 1.0),
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": ("remapped_rows_uncorrectable", 1.0),
-}
+#: DCGM field -> (GpuSample field, factor to the model's unit), from the field registry
+#: (``gpuwarden/shared/fields.csv``, rows with ``dcgm_dir`` read/both). Bitmasks, XIDs and NVLink
+#: totals are handled apart (below).
+DCGM_FIELDS: dict[str, tuple[str, float]] = dcgm_read_map()
 #: dcgm-exporter 1.x (gpu-monitoring-tools ``exporters/prometheus-dcgm/dcgm-exporter``, a
 #: ``dcgmi dmon`` wrapper writing ``/run/prometheus/dcgm.prom``; labels ``gpu``, ``uuid``) metric
 #: name -> the DCGM field of 2.x+. Same units (MHz, C, W, mJ, MiB, %; ``fi_prof_*`` ratios 0-1).
@@ -100,16 +78,7 @@ DCGM_1X_NAMES: dict[str, str] = {
     "dcgm_fi_prof_pipe_tensor_active": "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
     "dcgm_fi_prof_dram_active": "DCGM_FI_PROF_DRAM_ACTIVE",
 }
-_INT = {
-    "ecc_sbe_volatile",
-    "ecc_dbe_volatile",
-    "ecc_sbe_aggregate",
-    "ecc_dbe_aggregate",
-    "pcie_replay_count",
-    "remapped_rows_correctable",
-    "remapped_rows_uncorrectable",
-}
-_BOOL = {"remapped_rows_pending", "remapped_rows_failure"}
+_TYPES: dict[str, str] = {f.field: f.type for f in FIELDS}
 _THROTTLE = ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS")
 _GR_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 _XID = "DCGM_FI_DEV_XID_ERRORS"
@@ -193,7 +162,13 @@ def parse_scrape(text: str) -> list[DcgmSeries]:
     return out
 
 
-def gpu_records(series: Sequence[DcgmSeries], where: str = "scrape") -> dict[tuple[str, int | None], dict[str, Any]]:
+def _types(fields: tuple[FieldSpec, ...]) -> dict[str, str]:
+    return {k: f.type for k, f in by_field(fields).items()}
+
+
+def gpu_records(
+    series: Sequence[DcgmSeries], where: str = "scrape", fields: tuple[FieldSpec, ...] | None = None
+) -> dict[tuple[str, int | None], dict[str, Any]]:
     """Per-GPU mapped values of one scrape: key (GPU identity, index label) -> GpuSample fields.
 
     A GPU is identified by its UUID, else its PCI bus id (so GPUs of different PCI domains stay
@@ -202,10 +177,14 @@ def gpu_records(series: Sequence[DcgmSeries], where: str = "scrape") -> dict[tup
     them. ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (ratio) gives ``utilization_gpu_pct`` only when
     ``DCGM_FI_DEV_GPU_UTIL`` is absent. NVLink ``*_ERROR_COUNT_TOTAL`` counters become one
     ``nvlinks`` entry ``{"all_links": True, ...}``. ``_xid`` holds the XID_ERRORS value.
+    The scalar fields come from :data:`DCGM_FIELDS`, or from the registry ``fields``
+    (:func:`gpuwarden.shared.fields.load_fields`) when given; an ``int``/``bool`` row's value is
+    converted to that type.
 
     Raises:
         ValueError: a value out of the model's range.
     """
+    dmap, types = (DCGM_FIELDS, _TYPES) if fields is None else (dcgm_read_map(fields), _types(fields))
     recs: dict[tuple[str, int | None], dict[str, Any]] = {}
     instances: dict[tuple[str, int | None], set[int]] = {}
     fb: dict[tuple[str, int | None], dict[int, float]] = {}
@@ -224,15 +203,15 @@ def gpu_records(series: Sequence[DcgmSeries], where: str = "scrape") -> dict[tup
         if s.gpu_instance is not None:
             instances.setdefault(key, set()).add(s.gpu_instance)
         v = s.value
-        if s.name in DCGM_FIELDS:
-            fname, factor = DCGM_FIELDS[s.name]
+        if s.name in dmap:
+            fname, factor = dmap[s.name]
             if fname == "memory_used_mib" and s.gpu_instance is not None:
                 fb.setdefault(key, {})[s.gpu_instance] = v
                 continue
             x: Any = v * factor
-            if fname in _INT:
+            if types[fname] == "int":
                 x = int(x)
-            elif fname in _BOOL:
+            elif types[fname] == "bool":
                 x = bool(x)
             check_value(fname, x, f"{where}: {s.name}")
             r[fname] = x

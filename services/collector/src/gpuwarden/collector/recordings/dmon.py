@@ -6,28 +6,17 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
+from gpuwarden.shared.fields import by_field, dmon_columns
+
 from ._core import ReadContext, Reading, check_value
 
 __all__ = ["DMON_COLUMNS", "read_dmon"]
 
-#: dmon column -> (GpuSample field, factor to the model's unit). Others (enc, dec, jpg, ofa,
-#: pviol, tviol, bar1, ccpm) have no GpuSample field and are skipped.
-DMON_COLUMNS: dict[str, tuple[str, float]] = {
-    "pwr": ("power_w", 1.0),
-    "gtemp": ("temperature_c", 1.0),
-    "mtemp": ("memory_temperature_c", 1.0),
-    "sm": ("utilization_gpu_pct", 1.0),
-    "mem": ("utilization_memory_pct", 1.0),
-    "mclk": ("memory_clock_mhz", 1.0),
-    "pclk": ("graphics_clock_mhz", 1.0),
-    "fb": ("memory_used_mib", 1.0),
-    "sbecc": ("ecc_sbe_volatile", 1.0),
-    "dbecc": ("ecc_dbe_volatile", 1.0),
-    "pci": ("pcie_replay_count", 1.0),
-    "rxpci": ("pcie_rx_kbps", 1000.0),  # MB/s
-    "txpci": ("pcie_tx_kbps", 1000.0),
-}
-_INT_FIELDS = {"ecc_sbe_volatile", "ecc_dbe_volatile", "pcie_replay_count"}
+#: dmon column -> (GpuSample field, factor to the model's unit), from the field registry
+#: (``gpuwarden/shared/fields.csv`` ``dmon``/``dmon_scale``). Others (enc, dec, jpg, ofa, pviol,
+#: tviol, bar1, ccpm) have no GpuSample field and are skipped.
+DMON_COLUMNS: dict[str, tuple[str, float]] = dmon_columns()
+_INT_FIELDS = {f for f, _ in DMON_COLUMNS.values() if by_field()[f].type == "int"}
 
 
 def read_dmon(text: str, ctx: ReadContext) -> Iterator[Reading]:

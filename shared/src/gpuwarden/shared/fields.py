@@ -1,0 +1,232 @@
+"""The registry of GPU fields: one row per :class:`~gpuwarden.shared.models.GpuSample` field, as data (``fields.csv``).
+
+``fields.csv`` (package data next to this module) says, for each field, its type and unit and
+where each source reads it from, so the tables of the readers and the bridge are derived from
+one place instead of being written once per reader. Columns (lists are ``;``-separated, in the
+order a reader tries them, first present wins):
+
+=============  ===================================================================================
+field          the ``GpuSample`` attribute
+type           ``float``, ``int``, ``bool``, ``str`` or ``list`` (nested: ``nvlinks``, ``processes``,
+               ``throttle_reasons``; read by code, listed for their sources)
+unit           the model's unit (:data:`UNITS`; blank for none); the model's ``Field`` description
+               ends in the same unit (``"..., MiB"``)
+nvml           the NVML call of the NVML source (``nvmlDeviceGetClockInfo(NVML_CLOCK_SM)``,
+               ``nvmlDeviceGetMemoryInfo.used``, ``nvmlDeviceGetRemappedRows[2]``); documentation,
+               the NVML source is code
+smi_query      ``nvidia-smi --query-gpu`` names read for the field (also the ``--query-compute-apps``
+               names ``gpu_uuid``...); the CSV readers' column table (:func:`smi_query_fields`)
+smi_kind       how the CSV text is read when not by ``type``: ``pstate`` (``P0`` -> 0), ``pci``
+               (normalised bus id)
+smi_xml        ``nvidia-smi -q -x`` paths under ``<gpu>`` (documentation; the XML parser is code)
+dmon           ``nvidia-smi dmon`` column (:func:`dmon_columns`)
+dmon_scale     factor from dmon's unit to the model's (``rxpci`` MB/s -> KB/s: 1000)
+dcgm_field     the DCGM field (``DCGM_FI_*``); list rows may name several (read by code)
+dcgm_scale     factor from DCGM's unit to the model's (``TOTAL_ENERGY_CONSUMPTION`` mJ -> J: 0.001);
+               the bridge writes ``value / dcgm_scale``
+dcgm_dir       ``read`` (the collector's dcgm-exporter reader maps it), ``write`` (the bridge's
+               ``dcgm`` naming writes it), ``both``, blank
+otel_key       ``metrics.csv`` keys (otlp-bridge catalog, ``otel`` naming) whose value it feeds
+description    one line
+=============  ===================================================================================
+
+Read by the collector (dcgm-exporter scrapes, ``--query-gpu`` CSV, ``dmon``) and the otlp-bridge
+(dcgm-exporter naming). :func:`load_fields` reads another CSV of the same columns (tests).
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+from collections.abc import Iterable
+from importlib.resources import files
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = [
+    "FIELDS",
+    "UNITS",
+    "FieldSpec",
+    "FieldType",
+    "SmiKind",
+    "by_dcgm",
+    "by_field",
+    "dcgm_read_map",
+    "dcgm_write_fields",
+    "dmon_columns",
+    "load_fields",
+    "smi_query_fields",
+]
+
+FieldType = Literal["float", "int", "bool", "str", "list"]
+DcgmDir = Literal["read", "write", "both", ""]
+#: How a ``--query-gpu`` CSV value is read: as the field's type, or ``pstate``/``pci``.
+SmiKind = Literal["float", "int", "str", "pstate", "pci"]
+#: Units the model uses (``fields.csv`` ``unit``): percent, MiB, Celsius, watts, MHz, joules,
+#: a count, kilobytes per second, PCIe lanes.
+UNITS = ("%", "MiB", "C", "W", "MHz", "J", "count", "KB/s", "lanes")
+#: The GPU key: every reader takes it apart from the value columns, so the column tables skip it.
+KEY_FIELD = "index"
+
+
+def _names(v: object) -> tuple[str, ...]:
+    if isinstance(v, str):
+        return tuple(p.strip() for p in v.split(";") if p.strip())
+    return tuple(v) if isinstance(v, Iterable) else ()
+
+
+class FieldSpec(BaseModel):
+    """One row of ``fields.csv`` (module docstring: the columns). ``;`` lists become tuples, blank
+    cells empty strings / tuples / None."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    field: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    type: FieldType
+    unit: str = Field("", description="The model's unit, one of UNITS or blank")
+    nvml: str = ""
+    smi_query: tuple[str, ...] = ()
+    smi_kind: Literal["pstate", "pci", ""] = ""
+    smi_xml: tuple[str, ...] = ()
+    dmon: str = ""
+    dmon_scale: float | None = None
+    dcgm_field: tuple[str, ...] = ()
+    dcgm_scale: float | None = None
+    dcgm_dir: DcgmDir = ""
+    otel_key: tuple[str, ...] = ()
+    description: str = ""
+
+    @field_validator("smi_query", "smi_xml", "dcgm_field", "otel_key", mode="before")
+    @classmethod
+    def _split(cls, v: object) -> tuple[str, ...]:
+        return _names(v)
+
+    @field_validator("dmon_scale", "dcgm_scale", mode="before")
+    @classmethod
+    def _blank_none(cls, v: object) -> object:
+        return None if v == "" else v
+
+    @field_validator("unit")
+    @classmethod
+    def _unit(cls, v: str) -> str:
+        if v and v not in UNITS:
+            raise ValueError(f"unit {v!r} is not one of {', '.join(UNITS)}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FieldSpec:
+        scalar = self.type != "list"
+        if not all(n.startswith("DCGM_FI_") for n in self.dcgm_field):
+            raise ValueError(f"{self.field}: dcgm_field must be DCGM_FI_* names")
+        if self.dcgm_field and not self.dcgm_dir:
+            raise ValueError(f"{self.field}: dcgm_field without dcgm_dir (read, write or both)")
+        if scalar and len(self.dcgm_field) > 1:
+            raise ValueError(f"{self.field}: a scalar field has one dcgm_field")
+        if scalar and self.dcgm_field and not self.dcgm_scale:
+            raise ValueError(f"{self.field}: dcgm_field without a non-zero dcgm_scale")
+        if self.dmon and not self.dmon_scale and self.field != KEY_FIELD:
+            raise ValueError(f"{self.field}: dmon without a non-zero dmon_scale")
+        if not scalar and (self.smi_query or self.dmon):
+            raise ValueError(f"{self.field}: a list field has no smi_query/dmon column (read by code)")
+        return self
+
+    @property
+    def dcgm_read(self) -> bool:
+        """The collector's dcgm-exporter reader maps this field's DCGM field."""
+        return self.dcgm_dir in ("read", "both")
+
+    @property
+    def dcgm_write(self) -> bool:
+        """The bridge's dcgm-exporter naming writes this field's DCGM field."""
+        return self.dcgm_dir in ("write", "both")
+
+    @property
+    def smi_value_kind(self) -> SmiKind:
+        """How a ``--query-gpu`` CSV value of this field is read (``smi_kind``, else ``type``)."""
+        if self.smi_kind:
+            return self.smi_kind
+        if self.type in ("float", "int", "str"):
+            return self.type
+        raise ValueError(f"{self.field}: a {self.type} field has no CSV reading")
+
+
+def _default_text() -> str:
+    return files(__package__).joinpath("fields.csv").read_text(encoding="utf-8")
+
+
+def load_fields(path: str | Path | None = None) -> tuple[FieldSpec, ...]:
+    """The field registry: the shipped ``fields.csv`` (or the CSV at ``path``), in file order.
+
+    Raises:
+        ValueError: unreadable file, a row that fails validation (the message names the line),
+            a field listed twice, or a DCGM field / dmon column two scalar rows map.
+    """
+    where = str(path) if path else "fields.csv"
+    try:
+        text = Path(path).read_text(encoding="utf-8") if path else _default_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{where}: cannot read: {exc}") from exc
+    out: list[FieldSpec] = []
+    seen: dict[str, int] = {}
+    for n, row in enumerate(csv.DictReader(io.StringIO(text)), start=2):
+        try:
+            spec = FieldSpec.model_validate(row)
+        except ValueError as exc:
+            raise ValueError(f"{where} line {n}: {exc}") from exc
+        keys = [("field", spec.field)]
+        if spec.type != "list":
+            keys += [("dcgm_field", d) for d in spec.dcgm_field] + ([("dmon", spec.dmon)] if spec.dmon else [])
+        for col, v in keys:
+            if (k := f"{col} {v}") in seen:
+                raise ValueError(f"{where} line {n}: {k} is also on line {seen[k]}")
+            seen[k] = n
+        out.append(spec)
+    return tuple(out)
+
+
+#: The shipped registry, read once at import (``fields.csv``, model order).
+FIELDS: tuple[FieldSpec, ...] = load_fields()
+
+
+def by_field(fields: Iterable[FieldSpec] = FIELDS) -> dict[str, FieldSpec]:
+    """``GpuSample`` attribute -> its row."""
+    return {f.field: f for f in fields}
+
+
+def by_dcgm(fields: Iterable[FieldSpec] = FIELDS) -> dict[str, FieldSpec]:
+    """DCGM field name -> the row of the scalar field it maps (either direction; list rows,
+    read by code, are left out)."""
+    return {d: f for f in fields if f.type != "list" for d in f.dcgm_field}
+
+
+@functools.cache
+def _dcgm_read_map(fields: tuple[FieldSpec, ...]) -> dict[str, tuple[str, float]]:
+    return {f.dcgm_field[0]: (f.field, f.dcgm_scale or 1.0) for f in fields if f.type != "list" and f.dcgm_read}
+
+
+def dcgm_read_map(fields: tuple[FieldSpec, ...] = FIELDS) -> dict[str, tuple[str, float]]:
+    """What the dcgm-exporter reader maps: DCGM field -> (``GpuSample`` field, factor from DCGM's
+    unit to the model's), scalar rows with ``dcgm_dir`` read/both. A fresh dict per call."""
+    return dict(_dcgm_read_map(tuple(fields)))
+
+
+def dcgm_write_fields(fields: Iterable[FieldSpec] = FIELDS) -> tuple[FieldSpec, ...]:
+    """The scalar rows the bridge writes under their DCGM name (``dcgm_dir`` write/both);
+    the value written is the model's value / ``dcgm_scale`` (a bool as 0/1)."""
+    return tuple(f for f in fields if f.type != "list" and f.dcgm_write)
+
+
+def smi_query_fields(fields: Iterable[FieldSpec] = FIELDS) -> tuple[tuple[str, tuple[str, ...], SmiKind], ...]:
+    """The ``--query-gpu`` CSV column table: (``GpuSample`` field, query names tried in order,
+    how the value is read), for every row with ``smi_query`` but the GPU key ``index`` (read
+    apart by the CSV readers)."""
+    return tuple((f.field, f.smi_query, f.smi_value_kind) for f in fields if f.smi_query and f.field != KEY_FIELD)
+
+
+def dmon_columns(fields: Iterable[FieldSpec] = FIELDS) -> dict[str, tuple[str, float]]:
+    """``nvidia-smi dmon`` column -> (``GpuSample`` field, factor from dmon's unit to the
+    model's), every row with ``dmon`` but the GPU key ``index`` (dmon's ``gpu`` column)."""
+    return {f.dmon: (f.field, f.dmon_scale or 1.0) for f in fields if f.dmon and f.field != KEY_FIELD}
