@@ -16,8 +16,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from gpuwarden.collector.recordings import attach_gpu_ids, load_recording, pci_key
 from gpuwarden.demo.reports import iso_utc
+from gpuwarden.recordings import attach_gpu_ids, load_recording, pci_key
 from gpuwarden.recordings.analyze import RUN_GAP_S, AnalyzeResult, analyze_recording, recording_runs
 from gpuwarden.recordings.analyze_cli import analyze
 from gpuwarden.shared.models import EventKind, GpuEvent, GpuSample

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.collector.recordings import gpu_spec, load_recording
+from gpuwarden.recordings import gpu_spec, load_recording
 from gpuwarden.recordings.analyze import AnalyzeResult, analyze_recording, fill_from_spec
 from prerequisites import need_path
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.collector.recordings import gpu_spec, load_recording
 from gpuwarden.demo.inprocess import run_inprocess
 from gpuwarden.detector import Detector, load_catalog
 from gpuwarden.detector.conditions import Hang
+from gpuwarden.recordings import gpu_spec, load_recording
 from gpuwarden.recordings.analyze import analyze_recording, fill_from_spec
 from gpuwarden.shared.models import Failure, FailureState, JobWindow
 from gpuwarden.shared.scenario import load_scenario

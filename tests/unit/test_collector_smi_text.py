@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.collector.parsers import SmiReport
-from gpuwarden.collector.smi_text import (
+from gpuwarden.shared.nvidia.smi_text import (
     SmiError,
     detect_smi_error,
     parse_nvidia_smi_csv,
     parse_nvidia_smi_csv_samples,
     parse_nvidia_smi_q,
 )
+from gpuwarden.shared.nvidia.smi_xml import SmiReport
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi"
 

@@ -14,15 +14,15 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from gpuwarden.collector.recordings import dcgm as collector_dcgm
-from gpuwarden.collector.recordings.dcgm import DCGM_FIELDS, gpu_records, parse_dcgm_exporter_scrape, parse_scrape
-from gpuwarden.collector.recordings.dmon import DMON_COLUMNS
-from gpuwarden.collector.smi_text import CSV_ALIASES, CSV_SAMPLE_FIELDS, parse_nvidia_smi_csv_samples
 from gpuwarden.collector.sources import nvml as nvml_source
 from gpuwarden.otlp_bridge.catalog import catalog_entries
 from gpuwarden.otlp_bridge.dcgm import _DCGM_COMPUTED, DCGM_METRICS
+from gpuwarden.recordings.dmon import DMON_COLUMNS
 from gpuwarden.shared.fields import FIELDS, UNITS, FieldSpec, by_dcgm, by_field, dcgm_read_map, load_fields
 from gpuwarden.shared.models import GpuSample
+from gpuwarden.shared.nvidia import dcgm_exporter as collector_dcgm
+from gpuwarden.shared.nvidia.dcgm_exporter import DCGM_FIELDS, gpu_records, parse_dcgm_exporter_scrape, parse_scrape
+from gpuwarden.shared.nvidia.smi_text import CSV_ALIASES, CSV_SAMPLE_FIELDS, parse_nvidia_smi_csv_samples
 
 SHIPPED = Path(str(files("gpuwarden.shared").joinpath("fields.csv")))
 ROWS = by_field()

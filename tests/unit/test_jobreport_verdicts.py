@@ -294,7 +294,7 @@ REALDATA = Path(__file__).resolve().parents[2].parent / "shared" / "realdata"
 def test_a_real_kernel_log_with_a_memory_error_is_not_nothing_to_do() -> None:
     """Through the real kernel-log path (``gpuwarden analyze`` of gpud's dmesg with XID 48/63/94)."""
     path = need_path(REALDATA / "xid-kernel-logs-gpud" / "dmesg.0.log")
-    from gpuwarden.collector.recordings import load_recording
+    from gpuwarden.recordings import load_recording
     from gpuwarden.recordings.analyze import analyze_recording
 
     rec = load_recording([path])

@@ -132,12 +132,14 @@ def test_the_scan_sees_a_forbidden_import(tmp_path: Path) -> None:
     """The checks above can fail: a relative import of a simulator and an absolute one of the
     collector are both found."""
     mod = tmp_path / "checks.py"
-    mod.write_text("from .sim import FakeNvml\nfrom ..collector import sources\nimport gpuwarden.collector.parsers\n")
+    mod.write_text(
+        "from .sim import FakeNvml\nfrom ..collector import sources\nimport gpuwarden.shared.nvidia.smi_xml\n"
+    )
     got = set(_imports(mod, "gpuwarden.health_check.checks", False))
     assert got == {
         ("gpuwarden.health_check.sim", "FakeNvml"),
         ("gpuwarden.collector", "sources"),
-        ("gpuwarden.collector.parsers", None),
+        ("gpuwarden.shared.nvidia.smi_xml", None),
     }
     pkg = set(_imports(mod, "gpuwarden.health_check.checks", True))  # as checks/__init__.py
     assert ("gpuwarden.health_check.checks.sim", "FakeNvml") in pkg

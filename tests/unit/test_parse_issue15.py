@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.collector.parsers import parse_nvidia_smi_xml
 from gpuwarden.health_check.checks import evaluate_dcgm
 from gpuwarden.health_check.parsers import (
     parse_dcgmi_diag,
@@ -18,6 +17,7 @@ from gpuwarden.health_check.parsers import (
 )
 from gpuwarden.shared.models import EventKind, Severity
 from gpuwarden.shared.nvidia.kernel_log import KernelLogParser, parse_kmsg
+from gpuwarden.shared.nvidia.smi_xml import parse_nvidia_smi_xml
 from gpuwarden.shared.nvidia.xids import xid_severities
 from gpuwarden.shared.slurm.fields import reason_nodes
 from gpuwarden.shared.slurm.jsonparse import parse_sinfo_json

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gpuwarden.collector.recordings.dcgm import parse_dcgm_exporter_scrape
+from gpuwarden.shared.nvidia.dcgm_exporter import parse_dcgm_exporter_scrape
 from gpuwarden.shared.nvidia.kernel_log import parse_kmsg
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"

@@ -67,5 +67,5 @@ def test_every_version_in_the_table_is_one_the_parser_names() -> None:
 
 def test_a_wrong_version_is_caught() -> None:
     """The check above can fail: a version the parser does not claim is not in its docs."""
-    assert "9.99" not in docs("gpuwarden.collector.parsers:parse_nvidia_smi_xml")
-    assert "v13" in docs("gpuwarden.collector.parsers:parse_nvidia_smi_xml")
+    assert "9.99" not in docs("gpuwarden.shared.nvidia.smi_xml:parse_nvidia_smi_xml")
+    assert "v13" in docs("gpuwarden.shared.nvidia.smi_xml:parse_nvidia_smi_xml")

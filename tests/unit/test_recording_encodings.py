@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.collector.recordings import Recording, detect_encoding, load_recording, read_text
+from gpuwarden.recordings import Recording, detect_encoding, load_recording, read_text
 from gpuwarden.recordings.analyze import analyze_recording, fill_from_spec
 from prerequisites import need_path
 

@@ -1,4 +1,4 @@
-"""Recording readers (gpuwarden.collector.recordings) on hand-written files in tests/fixtures/recordings
+"""Recording readers (gpuwarden.recordings) on hand-written files in tests/fixtures/recordings
 and on the real recordings of ../shared/realdata (SOURCE.md facts)."""
 
 from __future__ import annotations
@@ -9,14 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.collector.recordings import (
-    gpu_spec,
-    infer_gpu_count,
-    load_recording,
-    parse_dcgm_exporter_scrape,
-    parse_nvidia_smi_table,
-)
-from gpuwarden.collector.smi_text import parse_nvidia_smi_csv_records
+from gpuwarden.recordings import gpu_spec, infer_gpu_count, load_recording
+from gpuwarden.shared.nvidia.dcgm_exporter import parse_dcgm_exporter_scrape
+from gpuwarden.shared.nvidia.smi_table import parse_nvidia_smi_table
+from gpuwarden.shared.nvidia.smi_text import parse_nvidia_smi_csv_records
 from prerequisites import give_up, needs
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "recordings"
@@ -484,7 +480,7 @@ def test_real_kernel_logs(name: str, codes: dict[int, int], pci: str, span: floa
 
 def test_a_bad_input_names_the_file(tmp_path: Path) -> None:
     """A new user's ``analyze /tmp`` or an empty file said only "unknown recording format"."""
-    from gpuwarden.collector.recordings import load_recording
+    from gpuwarden.recordings import load_recording
 
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match=r"empty: no recording files"):

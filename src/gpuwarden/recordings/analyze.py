@@ -1,7 +1,7 @@
 """``gpuwarden analyze``: a recording people already have, through the detector, in event time.
 
 A recording (``nvidia-smi --query-gpu`` CSV logs, ``nvidia-smi dmon``, dcgm-exporter scrapes,
-``nvidia-smi -q -x`` captures, kernel logs; read by :mod:`gpuwarden.collector.recordings`)
+``nvidia-smi -q -x`` captures, kernel logs; read by :mod:`gpuwarden.recordings`)
 runs through the same correlator and detector code as the services, connected in memory:
 the recording is one Slurm job holding every GPU it names, from its first to its last
 sample (unless ``--job-id``/``--no-job`` say otherwise). Files that do not overlap in time
@@ -386,7 +386,7 @@ def index_by_pci(samples: Sequence[NodeSample], events: Sequence[GpuEvent]) -> l
     ``9b:00.0``) or UUID the samples name (a kernel log next to telemetry of the same node,
     whichever file either came from); without such a GPU the index stays unknown and the event
     is the node's (its PCI bus id and UUID still name the GPU)."""
-    from gpuwarden.collector.recordings import attach_gpu_ids
+    from gpuwarden.recordings import attach_gpu_ids
 
     inventory: dict[str, dict[int, GpuSample]] = {}
     for s in samples:

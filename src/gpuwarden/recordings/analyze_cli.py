@@ -79,8 +79,8 @@ def analyze(
     """
     # imported here, not at module level: every gpuwarden command loads this plugin, and these
     # pull in the detector and the collector's readers (~25 MiB)
-    from gpuwarden.collector.recordings import gpu_spec, load_recording
     from gpuwarden.detector.jobreport import job_report_rows
+    from gpuwarden.recordings import gpu_spec, load_recording
 
     from .analyze import analyze_recording, fill_from_spec, job_summary, recording_summary
 

@@ -89,7 +89,7 @@ def parse_xml(file: Annotated[Path, typer.Argument(help="nvidia-smi -q -x output
     """Print an nvidia-smi -q -x capture as JSON (driver, CUDA, DTD version, GPU samples, MIG)."""
     from dataclasses import asdict
 
-    from .parsers import parse_nvidia_smi_xml
+    from gpuwarden.shared.nvidia.smi_xml import parse_nvidia_smi_xml
 
     text = sys.stdin.read() if str(file) == "-" else _read(file)
     try:

@@ -14,7 +14,7 @@ from prometheus_client import Counter, Gauge
 
 from gpuwarden.shared.bus import Producer
 from gpuwarden.shared.lease import KafkaLease, Lease, NoLease
-from gpuwarden.shared.models import JobState, NodeState, SlurmWatermark
+from gpuwarden.shared.models import DeadLetter, JobState, NodeState, SlurmWatermark
 from gpuwarden.shared.service import Service
 from gpuwarden.shared.slurm import (
     TERMINAL_JOB_STATES,
@@ -26,6 +26,7 @@ from gpuwarden.shared.slurm import (
 )
 
 from .diff import carry_gpus, diff_jobs, diff_nodes, resolve_ends
+from .jobcomp import JobcompReader, merge_end
 from .settings import SlurmWatcherSettings
 
 __all__ = ["SlurmWatcher", "SlurmWatcherSettings", "kafka_lease", "make_client"]
@@ -113,6 +114,11 @@ class SlurmWatcher(Service):
     are no longer in squeue are published once (sacct's state and times, ``confirmed=True``,
     no GPU indices: accounting has none); a failing sacct is retried on the next polls.
 
+    jobcomp/kafka (``slurm_watcher_jobcomp_topic``, optional): a job's end read from slurmctld's
+    ``jobcomp/kafka`` topic is published at once, over the poller's view of the job (its GPU
+    indices: the record has none), and the poller then knows the job ended (no second record);
+    see :mod:`gpuwarden.slurm_watcher.jobcomp`.
+
     Watermark: after every poll whose ``jobs()`` read succeeded (also when nothing changed: a
     heartbeat), once each ``slurm.jobs`` record of the poll (takeover recovery included) is
     delivered, one :class:`~gpuwarden.shared.models.SlurmWatermark` goes to
@@ -190,6 +196,16 @@ class SlurmWatcher(Service):
         )
         self.last_poll_ts: float | None = None
         self.last_error: str | None = None
+        self.jobcomp: JobcompReader | None = None
+        self.jobcomp_published = 0
+        #: job id -> the end a jobcomp/kafka record gave, while squeue still lists the job
+        #: (COMPLETING): the poller keeps the end, never goes back to an active state
+        self._jobcomp_ended: dict[str, JobState] = {}
+        """Job ends published from jobcomp/kafka records (since start)."""
+        if settings.slurm_watcher_jobcomp_topic:
+            self.jobcomp = JobcompReader(
+                settings, settings.slurm_watcher_jobcomp_topic, self._on_jobcomp, self._jobcomp_bad, self.now
+            )
 
     @staticmethod
     def _default_lease(s: SlurmWatcherSettings, real_bus: bool) -> Lease:
@@ -211,6 +227,35 @@ class SlurmWatcher(Service):
     async def on_start(self) -> None:
         await self.lease.start()
         self.spawn(self._loop(), "poll")
+        if self.jobcomp is not None:
+            self.spawn(self.jobcomp.run(), "jobcomp")
+
+    async def _on_jobcomp(self, record: JobState) -> None:
+        """One jobcomp/kafka record: its end, if the poller has not seen it, goes out now (lease
+        holder only) and becomes the poller's last view of the job."""
+        if not self.lease.held():
+            return
+        job = merge_end(record, self._jobs)
+        if job is None:
+            return
+        self._jobs[job.job_id] = self._jobcomp_ended[job.job_id] = job
+        self._misses.pop(job.job_id, None)
+        await self.publish("slurm.jobs", job.job_id, job)
+        self.jobcomp_published += 1
+
+    def _with_jobcomp_ends(self, current: list[JobState]) -> list[JobState]:
+        """squeue's jobs with the ends jobcomp/kafka gave in their place; forgets the ends of
+        jobs squeue no longer lists."""
+        if not self._jobcomp_ended:
+            return current
+        listed = {j.job_id for j in current}
+        for jid in [k for k in self._jobcomp_ended if k not in listed]:
+            del self._jobcomp_ended[jid]
+        return [self._jobcomp_ended.get(j.job_id, j) for j in current]
+
+    async def _jobcomp_bad(self, dl: DeadLetter) -> None:
+        self.metrics.dead_lettered.labels("jobcomp").inc()
+        await self.publish("deadletter", dl.source_topic, dl)
 
     async def on_stop(self) -> None:
         await self.lease.stop()
@@ -268,7 +313,7 @@ class SlurmWatcher(Service):
             ok = self._failed("jobs", jobs_r)
             failures += 2
         else:
-            changed, seen = diff_jobs(self._jobs, carry_gpus(self._jobs, jobs_r), now)
+            changed, seen = diff_jobs(self._jobs, self._with_jobcomp_ends(carry_gpus(self._jobs, jobs_r)), now)
             acct: dict[str, Any] | None = {}
             ends = [j.job_id for j in changed if j.state in TERMINAL_JOB_STATES]
             if self.accounting is not None and ends:
@@ -422,4 +467,7 @@ class SlurmWatcher(Service):
             watermark_ts=self.watermark_ts,
             watermarks=self.watermarks,
         )
+        if self.jobcomp is not None:
+            h.update(jobcomp_topic=self.jobcomp.topic, jobcomp_records=self.jobcomp.records,
+                     jobcomp_bad=self.jobcomp.bad, jobcomp_published=self.jobcomp_published)  # fmt: skip
         return h

@@ -66,3 +66,9 @@ class SlurmWatcherSettings(ServiceSettings):
         description="On taking the lease: publish the ends sacct has since this long ago (or since this "
         "instance's own last poll, if later) of jobs no longer in squeue; 0 = off, s",
     )
+    slurm_watcher_jobcomp_topic: str | None = Field(
+        None,
+        description="Kafka topic of slurmctld's jobcomp/kafka plugin (its JobCompLoc; read as named, no "
+        "topic prefix, from the end, by the lease holder): a job's end is published at once instead of at "
+        "the next poll, with the GPU indices of the poller's view; unset = the poller only",
+    )

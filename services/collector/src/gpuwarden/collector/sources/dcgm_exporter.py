@@ -3,7 +3,7 @@
 For nodes that already run NVIDIA's dcgm-exporter (dcgm-exporter 2.x-4.x, DCGM field names
 ``DCGM_FI_*``; also the 1.x ``dcgm_*`` names), the collector scrapes it instead of opening NVML
 itself: one HTTP GET per tick, mapped to a :class:`NodeSample` through the same field map the
-offline reader uses (:mod:`gpuwarden.collector.recordings.dcgm`). XIDs still come from the
+offline reader uses (:mod:`gpuwarden.shared.nvidia.dcgm_exporter`). XIDs still come from the
 kernel log (the XID's text, its PCI bus id and its time); DCGM's ``DCGM_FI_DEV_XID_ERRORS``
 (the last XID of the GPU, no time) is a fallback only when no kernel log is read.
 
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 #: ``fetch()`` -> the scrape's text; raises on any transport or HTTP error.
 Fetch = Callable[[], Awaitable[str]]
-#: :func:`~gpuwarden.collector.recordings.dcgm.gpu_records`' result: (GPU identity, ``gpu`` label) -> fields.
+#: :func:`~gpuwarden.shared.nvidia.dcgm_exporter.gpu_records`' result: (GPU identity, ``gpu`` label) -> fields.
 Records = dict[tuple[str, int | None], dict[str, Any]]
 
 
@@ -98,7 +98,7 @@ class DcgmExporterSource:
 
     async def collect(self) -> list[NodeSample]:
         # the recordings package imports the kernel-log readers of this package: imported here
-        from ..recordings.dcgm import gpu_records, parse_scrape
+        from gpuwarden.shared.nvidia.dcgm_exporter import gpu_records, parse_scrape
 
         ts = self.clock()
         try:
@@ -147,7 +147,7 @@ class DcgmExporterSource:
         self._last_xid[g.index] = xid
         if seen is None or xid == 0 or xid == seen:
             return
-        from ..recordings.dcgm import xid_event
+        from gpuwarden.shared.nvidia.dcgm_exporter import xid_event
 
         self._pending.append(xid_event(self.node, ts, g.index, xid, g.pci_bus_id, g.uuid, "; no kernel log read"))
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from gpuwarden.shared.models import GpuEvent, GpuSample, NodeSample
 from gpuwarden.shared.nvidia.kernel_log import parse_kernel_log_line
+from gpuwarden.shared.nvidia.smi_xml import parse_nvidia_smi_xml
 
-from ..parsers import parse_nvidia_smi_xml
 from .base import Clock, default_collector_id, resolve_gpu
 from .file_follower import FileFollower
 

@@ -7,8 +7,9 @@ from datetime import datetime
 from typing import Any
 
 from gpuwarden.shared.fields import by_field, dmon_columns
+from gpuwarden.shared.nvidia.values import check_value
 
-from ._core import ReadContext, Reading, check_value
+from ._core import ReadContext, Reading
 
 __all__ = ["DMON_COLUMNS", "read_dmon"]
 

@@ -1,6 +1,6 @@
 """``nvidia-smi --query-gpu=... --format=csv[,noheader][,nounits] -l N / -lms N`` logs. Pure.
 
-Values are read by :mod:`gpuwarden.collector.smi_text` (``csv_header``, ``csv_converter``,
+Values are read by :mod:`gpuwarden.shared.nvidia.smi_text` (``csv_header``, ``csv_converter``,
 ``CSV_SAMPLE_FIELDS``: the same code as ``gpuwarden parse nvidia-smi-csv``); this module adds
 what a *log* needs: timestamps, which GPU a row belongs to, truncated last lines.
 """
@@ -13,8 +13,17 @@ import statistics
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from ..smi_text import CSV_SAMPLE_FIELDS, SampleKind, csv_converter, csv_field_name, csv_header, csv_value_to_field
-from ._core import BOUNDS, ReadContext, Reading, TimeParser
+from gpuwarden.shared.nvidia.smi_text import (
+    CSV_SAMPLE_FIELDS,
+    SampleKind,
+    csv_converter,
+    csv_field_name,
+    csv_header,
+    csv_value_to_field,
+)
+from gpuwarden.shared.nvidia.values import BOUNDS
+
+from ._core import ReadContext, Reading, TimeParser
 
 __all__ = ["infer_gpu_count", "read_smi_csv_log"]
 

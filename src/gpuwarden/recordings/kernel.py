@@ -12,10 +12,10 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
+from gpuwarden.collector.sources import JournalctlFollower
 from gpuwarden.shared.models import GpuEvent
 from gpuwarden.shared.nvidia.kernel_log import KernelLogParser
 
-from ..sources import JournalctlFollower
 from ._core import ReadContext
 
 __all__ = ["read_kernel_log"]

@@ -27,7 +27,7 @@ from gpuwarden.shared.models import GpuSample
 from gpuwarden.shared.nvidia.pci import normalize_pci_bus_id
 from gpuwarden.shared.nvidia.tokens import NA_TOKENS
 
-from .parsers import MigDevice, SmiReport
+from .smi_xml import MigDevice, SmiReport
 
 __all__ = [
     "CSV_ALIASES",
@@ -645,7 +645,7 @@ def parse_nvidia_smi_csv_records(text: str) -> list[dict[str, Any]] | SmiError:
     ``gpu`` (the mapped :class:`GpuSample`) and ``columns`` (every column's value, so fields
     the model lacks, such as ``clocks.current.video``, are kept), or :class:`SmiError`.
 
-    Headerless (``noheader``) files are read by :func:`gpuwarden.collector.recordings.load_recording`
+    Headerless (``noheader``) files are read by :func:`gpuwarden.recordings.load_recording`
     with ``columns=[...]``.
 
     Raises:

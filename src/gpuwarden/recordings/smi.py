@@ -1,14 +1,15 @@
 """Series of ``nvidia-smi -q -x`` and ``nvidia-smi -q`` reports (``-l N`` or a loop appending to a
-file). Pure: the reports are read by :func:`~gpuwarden.collector.parsers.parse_nvidia_smi_xml`
-and :func:`~gpuwarden.collector.smi_text.parse_nvidia_smi_q`."""
+file). Pure: the reports are read by :func:`~gpuwarden.shared.nvidia.smi_xml.parse_nvidia_smi_xml`
+and :func:`~gpuwarden.shared.nvidia.smi_text.parse_nvidia_smi_q`."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
 
-from ..parsers import SmiReport, parse_nvidia_smi_xml
-from ..smi_text import SmiError, parse_nvidia_smi_q
+from gpuwarden.shared.nvidia.smi_text import SmiError, parse_nvidia_smi_q
+from gpuwarden.shared.nvidia.smi_xml import SmiReport, parse_nvidia_smi_xml
+
 from ._core import ReadContext, Reading, TimeParser
 
 __all__ = ["read_smi_q", "read_smi_xml", "report_readings"]

@@ -141,14 +141,14 @@ def load_recording(
         gpus: GPU count of a CSV log without an index column (else inferred from row timing).
         columns: nvidia-smi field names of a headerless CSV log (``--format=csv,noheader``).
         tick_s: sample period, s; finer readings are summarised per tick
-            (:class:`~gpuwarden.collector.recordings._core.TickAggregator`), coarser ones give
+            (:class:`~gpuwarden.recordings._core.TickAggregator`), coarser ones give
             one sample at their own tick and nothing between.
         fmt: force one format of :data:`FORMATS` for every file; None detects each by content.
         tz: zone of timestamps printed without one (nvidia-smi and ``dmesg -T`` print local time).
         boot_ts: boot time, epoch s, for kernel logs with relative ``[ 123.456]`` stamps (else
             they keep seconds since boot, from 0, and a note says so).
 
-    Text is decoded in one place (:func:`~gpuwarden.collector.recordings._core.open_text`):
+    Text is decoded in one place (:func:`~gpuwarden.recordings._core.open_text`):
     UTF-8 with or without BOM, UTF-16LE/BE with BOM (PowerShell's ``>``) or without, CRLF or LF,
     gzipped or not, all read the same. A kernel log's events get the GPU index, UUID and PCI
     bus id of the telemetry GPU with the same PCI bus id (any spelling) or UUID.

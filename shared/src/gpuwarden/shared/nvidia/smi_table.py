@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from typing import Any
 
 from gpuwarden.shared.models import GpuSample
 from gpuwarden.shared.nvidia.pci import normalize_pci_bus_id
 from gpuwarden.shared.nvidia.tokens import is_na
 
-from ._core import ReadContext, Reading, TimeParser, check_value
+from .values import check_value
 
-__all__ = ["SmiTable", "parse_nvidia_smi_table", "parse_nvidia_smi_table_report", "read_smi_tables"]
+__all__ = ["SmiTable", "parse_nvidia_smi_table", "parse_nvidia_smi_table_report"]
 
 _VERSION_RE = re.compile(
     r"NVIDIA-SMI\s+(?P<smi>\S+)\s+Driver Version:\s*(?P<drv>\S+)(?:\s+CUDA Version:\s*(?P<cuda>\S+))?"
@@ -154,28 +153,3 @@ def parse_nvidia_smi_table_report(text: str) -> list[dict[str, Any]]:
         ValueError: as :func:`parse_nvidia_smi_table`.
     """
     return [vars(t) for t in parse_nvidia_smi_table(text)]
-
-
-def read_smi_tables(text: str, ctx: ReadContext) -> Iterator[Reading]:
-    """Readings of a file of ``nvidia-smi`` tables, each at its date line (in ``ctx.tz``).
-
-    Raises:
-        ValueError: a table without a date line above it, or as :func:`parse_nvidia_smi_table`.
-    """
-    tp = TimeParser(ctx.tz)
-    try:
-        tables = parse_nvidia_smi_table(text)
-    except ValueError as exc:
-        raise ValueError(f"{ctx.file}: {exc}") from exc
-    for n, t in enumerate(tables, start=1):
-        if t.timestamp is None:
-            raise ValueError(f"{ctx.file}: table {n} has no date line ('Tue Dec  1 13:21:04 2026') above it")
-        ts = tp.parse(t.timestamp)
-        for g in t.gpus:
-            vals = g.model_dump(exclude_none=True, exclude={"index"})
-            if not vals.get("throttle_reasons"):
-                vals.pop("throttle_reasons", None)
-            vals["driver_version"] = t.driver_version
-            vals["cuda_version"] = t.cuda_version
-            ctx.rows += 1
-            yield ts, g.index, vals

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.collector import parsers
-from gpuwarden.collector.parsers import parse_nvidia_smi_xml
+from gpuwarden.shared.nvidia import smi_xml as parsers
 from gpuwarden.shared.models import EventKind
 from gpuwarden.shared.nvidia.kernel_log import parse_kernel_log_line
 from gpuwarden.shared.nvidia.pci import normalize_pci_bus_id
+from gpuwarden.shared.nvidia.smi_xml import parse_nvidia_smi_xml
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 
