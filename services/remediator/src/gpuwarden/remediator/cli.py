@@ -75,6 +75,7 @@ def _http(method: str, url: str, token: str | None = None) -> dict[str, Any]:
         with urllib.request.urlopen(req, timeout=10) as resp:
             data = json.loads(resp.read())
     except urllib.error.HTTPError as exc:
+        exc.close()  # the error holds the response and its socket
         if exc.code == 401:
             raise ValueError(
                 f"{url} refused the request (401): give the service's GPUWARDEN_HTTP_CONTROL_TOKEN "
