@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.shared.nvidia import smi_xml as parsers
 from gpuwarden.shared.models import EventKind
+from gpuwarden.shared.nvidia import smi_xml as parsers
 from gpuwarden.shared.nvidia.kernel_log import parse_kernel_log_line
 from gpuwarden.shared.nvidia.pci import normalize_pci_bus_id
 from gpuwarden.shared.nvidia.smi_xml import parse_nvidia_smi_xml
