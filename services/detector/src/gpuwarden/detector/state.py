@@ -46,7 +46,10 @@ class DurabilitySettings(BaseModel):
         365 * 86400.0, gt=0, description="Dead-letter a record whose event time is this far behind the watermark, s"
     )
     detector_state_file: Path | None = Field(
-        None, description="File keeping condition state and open episodes across restarts (None = memory only)"
+        None,
+        description="File keeping condition state and open episodes across restarts, tagged JSON "
+        "(gpuwarden.detector.snapshot; a file of an older version, a pickle, is refused and the open failures "
+        "are adopted from `failures`); unset = memory only",
     )
     detector_adopt_lookback_s: float = Field(
         7 * 86400.0,

@@ -69,6 +69,7 @@ class SlurmWatcherSettings(ServiceSettings):
     slurm_watcher_jobcomp_topic: str | None = Field(
         None,
         description="Kafka topic of slurmctld's jobcomp/kafka plugin (its JobCompLoc; read as named, no "
-        "topic prefix, from the end, by the lease holder): a job's end is published at once instead of at "
+        "topic prefix, from the end, by the lease holder; with GPUWARDEN_SLURM_WATCHER_LEASE=none by every "
+        "instance): a job's end is published at once instead of at "
         "the next poll, with the GPU indices of the poller's view; unset = the poller only",
     )
