@@ -123,6 +123,7 @@ class JobcompReader:
 
     async def _partitions(self) -> list[TopicPartition]:
         warned = False
+        wait_s = 0.5  # a topic created a moment ago may reach the metadata late: look again soon, then every 5 s
         while True:
             client = kafka_client(self.settings)
             try:
@@ -136,19 +137,20 @@ class JobcompReader:
                 log.warning("slurm-watcher: jobcomp topic %r does not exist yet; waiting for slurmctld's first "
                             "record (job ends come from the poller meanwhile)", self.topic[:200])  # fmt: skip
                 warned = True
-            await asyncio.sleep(5.0)
+            await asyncio.sleep(wait_s)
+            wait_s = min(5.0, wait_s * 2)
 
     async def _one(self, rec: ConsumerRecord) -> None:
         self.records += 1
         try:
             job = parse_jobcomp_record(rec.value or b"", self.now())
         except ValueError as exc:
-            self.bad += 1
             log.warning("slurm-watcher: dead-lettering %s[%s]@%s: %s", self.topic[:200], rec.partition, rec.offset,
                         str(exc)[:300], extra={"rate_limited": True})  # fmt: skip
             dl = dead_letter_of(
                 "slurm-watcher", self.topic, rec.partition, rec.offset, rec.key, rec.value, str(exc), time.time()
             )
             await self.on_bad(dl)
+            self.bad += 1  # counted once handed over (published), as ``records`` counts what was read
             return
         await self.on_job(job)
