@@ -247,6 +247,36 @@ def test_a_node_released_by_the_watermark_comes_out_in_arrival_order() -> None:
     assert ts_of(c.handle("slurm.watermarks", watermark(T0 + 3))) == [T0 + 3, T0 + 1, T0 + 2]
 
 
+def test_one_release_of_several_nodes_comes_out_merged_by_event_time() -> None:
+    """A watermark that passes 40 s of two nodes' held samples at once (one Slurm poll at a fast
+    replay) releases them in event-time order, not node by node: a shared ``gpu.attributed``
+    partition never shows one node 40 s ahead of the other (the detector's telemetry-silent
+    measures a node against its partition's newest time)."""
+    c = gated()
+    read_job(c, job(nodes=(N1, N2)), 0)
+    for t in range(40):
+        for node in (N1, N2):
+            assert c.handle("gpu.samples", sample(T0 + t, node=node)) == []
+    outs = c.handle("slurm.watermarks", watermark(T0 + 39, {0: 1}))
+    order = [(a.sample.ts, a.sample.node) for a in attributed(outs)]
+    assert order == [(T0 + t, n) for t in range(40) for n in (N1, N2)]
+    assert c.held_count == 0
+
+
+def test_merged_release_keeps_each_nodes_arrival_order() -> None:
+    c = gated()
+    for ts in (T0 + 3, T0 + 1, T0 + 2):
+        c.handle("gpu.samples", sample(ts))
+    c.handle("gpu.samples", sample(T0 + 2, node=N2))
+    outs = c.handle("slurm.watermarks", watermark(T0 + 3))
+    assert [(a.sample.ts, a.sample.node) for a in attributed(outs)] == [
+        (T0 + 2, N2),
+        (T0 + 3, N1),
+        (T0 + 1, N1),
+        (T0 + 2, N1),
+    ]
+
+
 def test_a_later_record_behind_a_timed_out_head_waits_its_own_hold() -> None:
     clock = Clock()
     c = gated(clock, hold_s=30.0)

@@ -25,6 +25,7 @@ dead-letters in the shared consumer and calls :meth:`Correlator.on_sample` /
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 import time
@@ -273,38 +274,53 @@ class Correlator:
         queue.append(rec)
         self.held_count += 1
         if len(queue) > self.max_held_per_node:
-            return self._release_node(node, queue, self.view.watermark(), -math.inf)
+            return self._release_nodes([node], self.view.watermark(), -math.inf)
         return []
 
     def release(self) -> list[Output]:
         """Release held records: those the watermark has passed (``known``), and those held
-        longer than ``hold_s`` (``unknown``), per node in arrival order."""
+        longer than ``hold_s`` (``unknown``), each node's in arrival order, all nodes' merged
+        by event time (see :meth:`_release_nodes`)."""
         if not self.held:
             return []
-        wm = self.view.watermark()
-        expired = self.monotonic() - self.hold_s
-        outs: list[Output] = []
-        for node in list(self.held):
-            outs += self._release_node(node, self.held[node], wm, expired)
-        return outs
+        return self._release_nodes(list(self.held), self.view.watermark(), self.monotonic() - self.hold_s)
 
-    def _release_node(self, node: str, queue: deque[Held], wm: float, expired: float) -> list[Output]:
+    def _release_nodes(self, nodes: list[str], wm: float, expired: float) -> list[Output]:
+        """Take the releasable prefix of each node's queue, then join the records merged by
+        event time (a node's own order kept, ties in node order).
+
+        One release can span a whole Slurm poll of event time (50 s at a 50x replay). Node by
+        node, one node's records would reach a shared ``gpu.attributed`` partition a poll ahead
+        of another's, and a reader that measures silence against the partition's newest time
+        (the detector's ``telemetry-silent``) would see the second node fall silent for a
+        moment. Merged, every partition's output of a release is in event-time order."""
+        taken: list[list[tuple[Held, bool]]] = []
+        for node in nodes:
+            queue = self.held[node]
+            recs: list[tuple[Held, bool]] = []
+            over = len(queue) - self.max_held_per_node
+            while queue:
+                rec = queue[0]
+                if rec.ts <= wm:
+                    known = True
+                elif rec.since <= expired or over > 0:
+                    known = False
+                else:
+                    break
+                queue.popleft()
+                over -= 1
+                recs.append((rec, known))
+            if not queue:
+                del self.held[node]
+            if recs:
+                self.held_count -= len(recs)
+                taken.append(recs)
+        if not taken:
+            return []
+        merged = taken[0] if len(taken) == 1 else heapq.merge(*taken, key=_held_ts)
         outs: list[Output] = []
-        over = len(queue) - self.max_held_per_node
-        while queue:
-            rec = queue[0]
-            if rec.ts <= wm:
-                known = True
-            elif rec.since <= expired or over > 0:
-                known = False
-            else:
-                break
-            queue.popleft()
-            over -= 1
-            self.held_count -= 1
+        for rec, known in merged:
             outs += self._join(rec, known)
-        if not queue:
-            del self.held[node]
         return outs
 
     def held_floor(self, partition: int, kind: str = "gpu.samples") -> int | None:
@@ -371,9 +387,8 @@ class Correlator:
         Returns the outputs, oldest window first per node.
         """
         outs: list[Output] = []
-        wm = self.view.watermark()
-        for node in list(self.held):
-            outs += self._release_node(node, self.held[node], wm, math.inf)
+        if self.held:
+            outs += self._release_nodes(list(self.held), self.view.watermark(), math.inf)
         for node in sorted(self._window_nodes):
             state = self.windows.get(node)
             if not state or not state.get("w"):
@@ -491,6 +506,10 @@ def _counter(metrics: ServiceMetrics, name: str, doc: str) -> Counter:
     c = Counter(name, doc, registry=metrics.registry)
     setattr(metrics, attr, c)
     return c
+
+
+def _held_ts(item: tuple[Held, bool]) -> float:
+    return item[0].ts
 
 
 def _ignore(value: bytes | None, partition: int = 0, offset: int = -1) -> list[Output]:
