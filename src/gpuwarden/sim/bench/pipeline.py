@@ -241,6 +241,12 @@ def raw_consume_cpu(bootstrap: str, topic: str, timeout_s: float = 300.0) -> tup
 
 
 # -- the run -------------------------------------------------------------------------------
+class ProfiledStage(StrEnum):
+    correlator = "correlator"
+    detector = "detector"
+    otlp_bridge = "otlp-bridge"
+
+
 class BrokerKind(StrEnum):
     kafka = "kafka"
     tansu = "tansu"
@@ -300,7 +306,7 @@ class _Bench:
         res: BenchResult,
         workdir: Path,
         job_nodes: int,
-        profile: bool,
+        profile: str | None,
         workers: dict[str, int] | None = None,
         broker_pid: int | None = None,
     ) -> None:
@@ -366,8 +372,8 @@ class _Bench:
                 proc = name if i == 0 else f"{name}-{i + 1}"
                 self.res.kinds[proc] = name
                 argv = ["-m", modules[name]]
-                if proc == "correlator" and self.profile:
-                    argv = ["-m", "cProfile", "-o", str(self.workdir / "correlator.prof"), "-m", modules[name]]
+                if proc == self.profile:
+                    argv = ["-m", "cProfile", "-o", str(self.workdir / f"{proc}.prof"), "-m", modules[name]]
                 env = _service_env(base, name, self.groups[name], self.workdir, scenario, lanes, proc)
                 self.procs.append(_spawn(proc, argv, env, self.workdir / "logs" / f"{proc}.log"))
         await wait_healthy(self.procs, 180)
@@ -554,7 +560,7 @@ async def _run(
     seconds: float,
     xid_every: float,
     job_nodes: int,
-    profile: bool,
+    profile: str | None,
     echo: Any,
     workers: dict[str, int] | None = None,
     broker_pid: int | None = None,
@@ -630,7 +636,7 @@ async def _run(
         dead = [p.name for p in b.procs if p.proc is not None and p.proc.returncode not in (0, None)]
         if dead:
             echo(f"note: exit codes != 0: {dead} (logs in {workdir / 'logs'})")
-    prof = workdir / "correlator.prof"
+    prof = workdir / f"{profile}.prof"
     if profile and prof.exists():
         out = StringIO()
         st = pstats.Stats(str(prof), stream=out)
@@ -676,7 +682,10 @@ def pipeline(
             "instances do): for the CPU figures",
         ),
     ] = 1,
-    profile: Annotated[bool, typer.Option(help="Run the correlator under cProfile and print the top")] = False,
+    profile: Annotated[
+        ProfiledStage | None,
+        typer.Option(help="Run this stage (its first worker) under cProfile and print the top"),
+    ] = None,
     keep: Annotated[bool, typer.Option(help="Keep the work dir (logs, profile)")] = False,
 ) -> None:
     """Sustained GPU samples/s through correlator -> detector (-> otlp-bridge) with consumer lag,
@@ -716,7 +725,7 @@ def pipeline(
         for line in report(res):
             typer.echo(line)
         if res.profile:
-            typer.echo("--- correlator cProfile ---")
+            typer.echo(f"--- {profile} cProfile ---")
             typer.echo(res.profile)
     finally:
         if kafka is not None:

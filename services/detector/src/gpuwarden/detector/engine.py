@@ -121,6 +121,10 @@ class Detector(EventEpisodes, JobWindows):
             for c in self._by_scope["gpu"]
         ]
         self._trackers: dict[tuple[str, str, int | None, str | None], Tracker] = {}
+        #: (node, gpu) -> how many trackers of ``_trackers`` it has (derived, not state: rebuilt by
+        #: :meth:`restore`). A healthy reading of a GPU with none changes nothing, so the sample
+        #: loop skips :meth:`_cond` for it (most GPUs, most of the time).
+        self._tracked: dict[tuple[str, int | None], int] = {}
         self._prev: dict[tuple[str, int], tuple[float, GpuSample]] = {}
         #: the last reading of each GPU that carried NVLink counters (a collector may read them
         #: every Nth tick only: NVLink error rates are computed between those readings).
@@ -172,12 +176,14 @@ class Detector(EventEpisodes, JobWindows):
             p_nv, dt_nv = (nv[1], ts - nv[0]) if nv else (None, 0.0)
             job = jobs.get(g.index)
             has_job = job is not None
+            tracked = (node, g.index) in self._tracked
             for rule, sig, evaluate, nvlink, needs_job in self._gpu_rules:
                 if needs_job and unknown:
-                    self._interrupt(rule, node, g.index)
+                    if tracked:
+                        self._interrupt(rule, node, g.index)
                     continue
                 reading = evaluate(sig, g, p_nv, dt_nv, has_job) if nvlink else evaluate(sig, g, p_prev, dt, has_job)
-                if reading is not None:
+                if reading is not None and (tracked or reading.unhealthy):
                     found = cond(rule, node, g.index, ts, reading, job, "gpu.attributed")
                     if found:
                         out += found
@@ -393,7 +399,7 @@ class Detector(EventEpisodes, JobWindows):
                     GpuAttribution(gpu_index=gpu or 0, job_id=job.job_id, user=job.user, partition=job.partition),
                 )
             )
-            del self._trackers[key]
+            self._untrack(key)
         return out
 
     def _cond(
@@ -412,9 +418,11 @@ class Detector(EventEpisodes, JobWindows):
             if not reading.unhealthy:
                 return []
             tr = self._trackers[key] = Tracker()
+            gpu_key = (node, gpu)
+            self._tracked[gpu_key] = self._tracked.get(gpu_key, 0) + 1
         what = tr.step(rule, ts, reading, source)
         if not tr.opened and tr.bad_since is None:
-            del self._trackers[key]
+            self._untrack(key)
         if what is None or (what == "update" and ts - tr.last_emitted < self.update_interval_s):
             return []
         tr.last_emitted = ts
@@ -429,7 +437,17 @@ class Detector(EventEpisodes, JobWindows):
             return
         tr.interrupt()
         if not tr.opened and tr.bad_since is None:
-            del self._trackers[key]
+            self._untrack(key)
+
+    def _untrack(self, key: tuple[str, str, int | None, str | None]) -> None:
+        """Forget the tracker of ``key`` (rule id, node, GPU, job id) and count it off its GPU."""
+        del self._trackers[key]
+        gpu_key = (key[1], key[2])
+        left = self._tracked.get(gpu_key, 0) - 1
+        if left > 0:
+            self._tracked[gpu_key] = left
+        else:
+            self._tracked.pop(gpu_key, None)
 
     def _render_condition(
         self,
@@ -481,6 +499,7 @@ class Detector(EventEpisodes, JobWindows):
             "_by_scope",
             "_job_rules",
             "_gpu_rules",
+            "_tracked",
             "_explain",
             "price",
             "update_interval_s",
@@ -524,3 +543,6 @@ class Detector(EventEpisodes, JobWindows):
         if bad:
             raise ValueError(f"detector snapshot holds attributes that are not state: {sorted(bad)[:5]}")
         vars(self).update(state)
+        self._tracked = {}
+        for _rule_id, node, gpu, _job_id in self._trackers:
+            self._tracked[(node, gpu)] = self._tracked.get((node, gpu), 0) + 1

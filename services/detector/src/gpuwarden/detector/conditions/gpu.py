@@ -12,6 +12,7 @@ engine gives it no reading for a sample whose attribution is ``unknown``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
@@ -49,6 +50,16 @@ class Throttle(FrozenModel):
         description="Also count power >= this share of the enforced limit as the reason (a recording or an "
         "older driver without throttle reasons: a GPU at its power limit is power-capped)",
     )
+
+    @cached_property
+    def reason_set(self) -> frozenset[str]:
+        """``reasons`` as a set (computed once: read per GPU per sample)."""
+        return frozenset(self.reasons)
+
+    @cached_property
+    def reasons_text(self) -> str:
+        """``reasons`` as the evidence's threshold text (computed once)."""
+        return ",".join(self.reasons)
 
 
 class Flag(FrozenModel):
@@ -108,7 +119,7 @@ GpuEvaluator = Callable[[Any, GpuSample, "GpuSample | None", float, bool], "Read
 
 def _throttle(sig: Throttle, g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool) -> Reading | None:
     reasons = g.throttle_reasons
-    active = sorted(set(sig.reasons).intersection(reasons)) if reasons else []
+    active = sorted(sig.reason_set.intersection(reasons)) if reasons else []
     if (
         not active
         and sig.or_power_at_limit is not None
@@ -122,7 +133,7 @@ def _throttle(sig: Throttle, g: GpuSample, prev: GpuSample | None, dt: float, ha
         if g.sm_clock_mhz is None or not g.max_sm_clock_mhz:
             return None
         bad = g.sm_clock_mhz < sig.clock_ratio_below * g.max_sm_clock_mhz
-    return Reading(bad, "throttle_reasons", ",".join(active) or "none", None, ",".join(sig.reasons))
+    return Reading(bad, "throttle_reasons", ",".join(active) if active else "none", None, sig.reasons_text)
 
 
 def _flag(sig: Flag, g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool) -> Reading | None:
@@ -142,11 +153,15 @@ def _clock_low(sig: ClockLow, g: GpuSample, prev: GpuSample | None, dt: float, h
     if g.sm_clock_mhz is None or not g.max_sm_clock_mhz or g.utilization_gpu_pct is None:
         return None
     ratio = g.sm_clock_mhz / g.max_sm_clock_mhz
-    throttled = [r for r in g.throttle_reasons if r != "gpu_idle"]
-    capped = (
-        g.power_w is not None and bool(g.power_limit_w) and g.power_w >= sig.max_power_ratio * (g.power_limit_w or 0)
-    )
-    bad = ratio < sig.ratio_below and g.utilization_gpu_pct >= sig.min_utilization_pct and not throttled and not capped
+    bad = ratio < sig.ratio_below and g.utilization_gpu_pct >= sig.min_utilization_pct
+    if bad:  # slow under load: unless a throttle reason or the power cap says why
+        throttled = any(r != "gpu_idle" for r in g.throttle_reasons)
+        capped = (
+            g.power_w is not None
+            and bool(g.power_limit_w)
+            and g.power_w >= sig.max_power_ratio * (g.power_limit_w or 0)
+        )
+        bad = not throttled and not capped
     return Reading(bad, "sm_clock_ratio", ratio, "ratio", sig.ratio_below)
 
 
@@ -183,8 +198,10 @@ def _memory_without_job(
 ) -> Reading | None:
     if g.memory_used_mib is None:
         return None
-    procs = sum(1 for p in g.processes or [] if str(p.get("type") or "C").upper() != "G")  # not Xorg
-    bad = not has_job and (g.memory_used_mib >= sig.min_mib or procs > 0)
+    bad = not has_job and (
+        g.memory_used_mib >= sig.min_mib
+        or any(str(p.get("type") or "C").upper() != "G" for p in g.processes or [])  # a compute process, not Xorg
+    )
     return Reading(bad, "memory_used_mib", g.memory_used_mib, "MiB", sig.min_mib)
 
 
