@@ -43,3 +43,50 @@ def test_a_wrong_prefix_stops_a_service_at_once_naming_the_right_one(
     assert out.returncode == 2 and time.monotonic() - t0 < 30, out.stderr[-2000:]
     [line] = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
     assert "none of gpuwarden's" in line and f"this cluster has them with prefix {right!r}" in line, line
+
+
+def test_per_topic_partitions_and_retention_are_created_and_an_existing_topic_is_named_not_altered(
+    kafka_bootstrap: str,
+) -> None:
+    """Issue 26, item 2: partitions and retention are settings (GPUWARDEN_TOPIC_PARTITIONS /
+    GPUWARDEN_TOPIC_RETENTION_HOURS, passed by `gpuwarden topics create`)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    prefix = f"gwparts{uuid.uuid4().hex[:6]}."
+    res = asyncio.run(
+        create_topics(
+            kafka_bootstrap,
+            prefix,
+            partitions=1,
+            partitions_by_topic={"gpu.samples": 3},
+            retention_hours={"gpu.samples": 12, "failures": 2160},
+        )
+    )
+    assert set(res.values()) == {"created"}
+
+    async def look() -> tuple[dict[str, int], dict[str, str]]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        await admin.start()
+        try:
+            names = [f"{prefix}gpu.samples", f"{prefix}gpu.events", f"{prefix}failures"]
+            parts = {t["topic"]: len(t["partitions"]) for t in await admin.describe_topics(names)}
+            resources = [ConfigResource(ConfigResourceType.TOPIC, n) for n in names]
+            retention = {}
+            for resp in await admin.describe_configs(resources):
+                for res in resp.to_object()["resources"]:
+                    [value] = [c["config_value"] for c in res["config_entries"] if c["config_names"] == "retention.ms"]
+                    retention[res["resource_name"]] = value
+            return parts, retention
+        finally:
+            await admin.close()
+
+    parts, retention = asyncio.run(look())
+    assert parts == {f"{prefix}gpu.samples": 3, f"{prefix}gpu.events": 1, f"{prefix}failures": 1}
+    assert retention[f"{prefix}gpu.samples"] == str(12 * 3_600_000)
+    assert retention[f"{prefix}failures"] == str(2160 * 3_600_000)
+    assert retention[f"{prefix}gpu.events"] == TOPICS["gpu.events"].configs["retention.ms"]
+    again = asyncio.run(create_topics(kafka_bootstrap, prefix, partitions=1, partitions_by_topic={"gpu.samples": 6}))
+    assert again[f"{prefix}gpu.samples"].startswith("exists (3 partitions, not the 6 asked")
+    assert again[f"{prefix}gpu.events"] == "exists"
+    assert asyncio.run(look())[0][f"{prefix}gpu.samples"] == 3  # never altered

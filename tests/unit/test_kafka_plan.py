@@ -3,6 +3,8 @@ ACLs per service principal derived from the topic registry."""
 
 from __future__ import annotations
 
+import re
+
 import orjson
 import pytest
 from typer.testing import CliRunner
@@ -95,3 +97,96 @@ def test_the_compression_variable_is_a_known_bus_setting(monkeypatch: pytest.Mon
 
     monkeypatch.setenv("GPUWARDEN_PRODUCER_COMPRESSION", "lz4")
     assert BusSettings().producer_compression == "lz4"
+
+
+# -- partitions and retention are settings (issue 26, item 2) ------------------------------------
+def test_per_topic_partitions_and_retention_win_over_the_plan_and_the_registry() -> None:
+    plans = {
+        p.short: p
+        for p in plan_topics(
+            1000,
+            sizes={"gpu.samples": 10_000.0},
+            partitions_by_topic={"gpu.samples": 48, "failures": 2},
+            retention_hours={"gpu.samples": 12, "failures": 90 * 24},
+        )
+    }
+    assert plans["gpu.samples"].partitions == 48  # the plan alone says 10
+    assert plans["failures"].partitions == 2
+    assert plans["gpu.samples"].configs["retention.ms"] == str(12 * 3_600_000)
+    assert plans["gpu.samples"].retention_days == 0.5
+    assert plans["gpu.samples"].stored_bytes == pytest.approx(plans["gpu.samples"].bytes_per_day / 2)
+    assert plans["failures"].retention_days == 90
+    # the others keep what they had
+    assert plans["job.windows"].configs == TOPICS["job.windows"].configs | {"min.insync.replicas": "2"}
+
+
+@pytest.mark.parametrize(
+    ("partitions", "retention", "says"),
+    [
+        ({"gpu.sample": 3}, {}, "unknown topic 'gpu.sample' (did you mean 'gpu.samples'?)"),
+        ({"gpu.samples": 0}, {}, "partitions of gpu.samples must be 1-10000"),
+        ({}, {"failures": -1}, "retention of failures must be > 0 hours"),
+        ({}, {"correlator.windows": 24}, "correlator.windows is compacted"),
+    ],
+)
+def test_bad_per_topic_settings_are_refused_naming_the_topic(
+    partitions: dict[str, int], retention: dict[str, float], says: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pydantic import ValidationError
+
+    from gpuwarden.shared.settings import BusSettings, describe_settings_error
+    from gpuwarden.shared.topics import check_topic_overrides
+
+    with pytest.raises(ValueError, match=re.escape(says)):
+        check_topic_overrides(partitions, retention)
+    with pytest.raises(ValueError, match=re.escape(says)):
+        plan_topics(10, partitions_by_topic=partitions, retention_hours=retention)
+    monkeypatch.setenv("GPUWARDEN_TOPIC_PARTITIONS", orjson.dumps(partitions).decode())
+    monkeypatch.setenv("GPUWARDEN_TOPIC_RETENTION_HOURS", orjson.dumps(retention).decode())
+    with pytest.raises(ValidationError) as err:
+        BusSettings()
+    assert says in describe_settings_error(err.value)
+    result = CliRunner().invoke(app, ["topics", "plan", "--nodes", "10"])
+    assert result.exit_code == 2 and says in " ".join(result.output.split()), result.output
+
+
+def test_the_settings_reach_the_printed_commands_and_a_non_json_value_is_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GPUWARDEN_TOPIC_PARTITIONS", '{"gpu.samples": 24}')
+    monkeypatch.setenv("GPUWARDEN_TOPIC_RETENTION_HOURS", '{"gpu.samples": 12}')
+    result = CliRunner().invoke(app, ["topics", "plan", "--nodes", "10", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = orjson.loads(result.stdout)
+    [cmd] = [c for c in doc["kafka_topics"] if "gpuwarden.gpu.samples" in c]
+    assert cmd[cmd.index("--partitions") + 1] == "24"
+    assert "retention.ms=43200000" in cmd
+    monkeypatch.setenv("GPUWARDEN_TOPIC_PARTITIONS", "gpu.samples=24")
+    result = CliRunner().invoke(app, ["topics", "plan", "--nodes", "10"])
+    assert result.exit_code == 2
+    out = " ".join(result.output.split())
+    assert "topic_partitions" in out and "takes JSON" in out and "Traceback" not in out
+
+
+def test_a_low_min_insync_replicas_is_named_from_the_describe_configs_response() -> None:
+    """check_topics' min.insync.replicas check read a key the response does not have
+    (``configs``; aiokafka's is ``config_entries``) behind an import that always failed, so it
+    never reported anything. The response shape is aiokafka 0.12's DescribeConfigsResponse_v2."""
+    from gpuwarden.shared.topics import low_min_insync
+
+    def entry(name: str, value: str) -> dict[str, object]:
+        return {"config_names": name, "config_value": value, "read_only": False, "config_source": 5}
+
+    resp = {
+        "throttle_time_ms": 0,
+        "resources": [
+            {"error_code": 0, "resource_type": 2, "resource_name": "gw.failures",
+             "config_entries": [entry("retention.ms", "604800000"), entry("min.insync.replicas", "1")]},
+            {"error_code": 0, "resource_type": 2, "resource_name": "gw.gpu.samples",
+             "config_entries": [entry("min.insync.replicas", "2")]},
+        ],
+    }  # fmt: skip
+    assert low_min_insync([resp], 2) == [
+        "gw.failures: min.insync.replicas=1, below 2: an acks=all write would be confirmed by fewer brokers"
+    ]
+    assert low_min_insync([resp], 1) == []

@@ -74,6 +74,24 @@ def _root(
     """GPU cluster health monitoring, failure diagnosis and remediation for Slurm."""
 
 
+def _bus_settings() -> BusSettings:
+    """The bus settings, or exit 2 with one line naming what is wrong."""
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
+    from .settings import SETTINGS_JSON_HINT, describe_settings_error
+
+    try:
+        return BusSettings()
+    except ValidationError as exc:
+        console.print(f"[red]error:[/] {escape(describe_settings_error(exc))}", soft_wrap=True)
+    except SettingsError as exc:
+        console.print(
+            f"[red]error:[/] invalid settings: {escape(str(exc))} ({escape(SETTINGS_JSON_HINT)})", soft_wrap=True
+        )
+    raise typer.Exit(2)
+
+
 @topics_app.command("create")
 def topics_create(
     bootstrap_servers: Annotated[
@@ -87,16 +105,25 @@ def topics_create(
         int | None, typer.Option(min=1, help="Replicas per partition (default: 3 on >= 3 brokers, else 1)")
     ] = None,
 ) -> None:
-    """Create every gpuwarden topic that does not exist yet (explicitly, with configs)."""
+    """Create every gpuwarden topic that does not exist yet (explicitly, with configs): partitions and
+    retention from GPUWARDEN_TOPIC_PARTITIONS / GPUWARDEN_TOPIC_RETENTION_HOURS where they name a topic."""
     from aiokafka.errors import KafkaError
 
     from .topics import create_topics
 
-    s = BusSettings()
+    s = _bus_settings()
     bs = bootstrap_servers or s.bootstrap_servers
     try:
         res = asyncio.run(
-            create_topics(bs, prefix or s.topic_prefix, partitions, replication_factor, client_kwargs=s.kafka_kwargs())
+            create_topics(
+                bs,
+                prefix or s.topic_prefix,
+                partitions,
+                replication_factor,
+                client_kwargs=s.kafka_kwargs(),
+                partitions_by_topic=s.topic_partitions,
+                retention_hours=s.topic_retention_hours,
+            )
         )
     except (KafkaError, OSError, RuntimeError, ValueError) as exc:
         console.print(f"[red]error:[/] cannot create topics on {bs}: {exc}")
@@ -128,7 +155,8 @@ def topics_plan(
     replicas, min.insync.replicas, retention and the bytes per day it expects, then the
     kafka-topics.sh and kafka-acls.sh commands per service principal. Message sizes are measured
     on a simulated node of --gpus-per-node GPUs when the gpuwarden package (simulation layer) is
-    installed, else the built-in measured figures are used. Talks to no broker."""
+    installed, else the built-in measured figures are used. Partitions and retention follow
+    GPUWARDEN_TOPIC_PARTITIONS / GPUWARDEN_TOPIC_RETENTION_HOURS where they name a topic. Talks to no broker."""
     import shlex
     from dataclasses import asdict
 
@@ -148,9 +176,11 @@ def topics_plan(
         sizes = measure_sizes(gpus_per_node)
         ratio = sizes.pop("gzip_ratio")
         basis = f"measured on a simulated {gpus_per_node}-GPU node"
-    pre = prefix or BusSettings().topic_prefix
+    bus = _bus_settings()
+    pre = prefix or bus.topic_prefix
     topics = plan_topics(nodes, gpus_per_node=gpus_per_node, interval_s=interval, prefix=pre, brokers=brokers,
-                         cluster=cluster, sizes=sizes, size_basis=basis)  # fmt: skip
+                         cluster=cluster, sizes=sizes, size_basis=basis, partitions_by_topic=bus.topic_partitions,
+                         retention_hours=bus.topic_retention_hours)  # fmt: skip
     acls = plan_acls(pre, cluster=cluster, principal_prefix=principal_prefix)
     extra = ["--command-config", command_config] if command_config else []
     topic_cmds = [[*c, *extra] for c in kafka_topics_argv(topics, bootstrap_server)]

@@ -23,7 +23,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .topics import TOPICS, replication_plan
+from .topics import TOPICS, check_topic_overrides, replication_plan, topic_layout
 
 __all__ = [
     "SIZES",
@@ -133,6 +133,8 @@ def plan_topics(
     commit_interval_s: float = 5.0,
     window_s: float = 10.0,
     size_basis: str = "default sizes (SIZES)",
+    partitions_by_topic: Mapping[str, int] | None = None,
+    retention_hours: Mapping[str, float] | None = None,
 ) -> list[TopicPlan]:
     """Every topic of ``prefix`` for a fleet of ``nodes`` GPU nodes with ``gpus_per_node`` GPUs
     sampled every ``interval_s`` s, on a cluster of ``brokers`` brokers.
@@ -140,13 +142,18 @@ def plan_topics(
     ``sizes``: encoded bytes per message by short topic name (missing ones from :data:`SIZES`;
     the sample topics' sizes are for ``gpus_per_node`` GPUs); ``commit_interval_s``: the
     correlator's checkpoint period (one changelog record per node each); ``window_s``: the job
-    window (one job.windows record per GPU each, for GPUs in jobs: all are assumed busy).
+    window (one job.windows record per GPU each, for GPUs in jobs: all are assumed busy);
+    ``partitions_by_topic`` / ``retention_hours``: the site's per-topic settings
+    (``GPUWARDEN_TOPIC_PARTITIONS`` / ``GPUWARDEN_TOPIC_RETENTION_HOURS``), which win over the plan's
+    own partition count and the registry's retention.
 
     Raises:
-        ValueError: ``nodes`` < 1, ``interval_s`` <= 0, or replicas the cluster cannot hold.
+        ValueError: ``nodes`` < 1, ``interval_s`` <= 0, replicas the cluster cannot hold, or a bad
+            per-topic setting (:func:`~gpuwarden.shared.topics.check_topic_overrides`).
     """
     if nodes < 1 or interval_s <= 0 or gpus_per_node < 1:
         raise ValueError("nodes and gpus_per_node must be >= 1 and interval_s > 0")
+    check_topic_overrides(partitions_by_topic, retention_hours)
     rf, isr = replication_plan(brokers)
     size = {**SIZES, **(sizes or {})}
     per_s = nodes / interval_s
@@ -165,7 +172,7 @@ def plan_topics(
         else:
             n = RARE_PER_NODE_DAY.get(spec.name, 0.0) * nodes
             basis = f"assumed {RARE_PER_NODE_DAY.get(spec.name, 0.0):g} per node per day"
-        configs = dict(spec.configs)
+        _, configs = topic_layout(spec, retention_hours=retention_hours)
         if rf > 1:
             configs["min.insync.replicas"] = str(isr)
         per_day = n * size[spec.name]
@@ -178,7 +185,9 @@ def plan_topics(
                 name=spec.full(prefix),
                 short=spec.name,
                 # at least the registry's, more when one partition would carry over 1 MB/s
-                partitions=partitions or max(spec.partitions, partitions_for(per_day / DAY_S)),
+                partitions=(partitions_by_topic or {}).get(spec.name)
+                or partitions
+                or max(spec.partitions, partitions_for(per_day / DAY_S)),
                 replication_factor=rf,
                 min_insync=isr if rf > 1 else 1,
                 configs=configs,

@@ -445,8 +445,9 @@ def run_service(factory: Callable[[], Lifecycle], log_level: str | None = None) 
     """
     from aiokafka.errors import KafkaError
     from pydantic import ValidationError
+    from pydantic_settings import SettingsError
 
-    from .settings import describe_settings_error
+    from .settings import SETTINGS_JSON_HINT, describe_settings_error
 
     level = (log_level or os.environ.get("GPUWARDEN_LOG_LEVEL", "INFO")).upper()
     fmt = f"%(asctime)s %(levelname)s [{socket.gethostname()}:%(process)d] %(name)s: %(message)s"
@@ -464,6 +465,8 @@ def run_service(factory: Callable[[], Lifecycle], log_level: str | None = None) 
         print(f"error: {describe_settings_error(exc)}", file=sys.stderr)
     except KafkaError as exc:
         print(f"error: {kafka_start_hint(exc, os.environ)}", file=sys.stderr)
+    except SettingsError as exc:  # a value pydantic-settings could not decode (before validation)
+        print(f"error: invalid settings: {exc} ({SETTINGS_JSON_HINT})", file=sys.stderr)
     except (ValueError, OSError) as exc:
         print(f"error: cannot start: {type(exc).__name__}: {exc}", file=sys.stderr)
     return 2

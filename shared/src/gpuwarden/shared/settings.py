@@ -11,7 +11,10 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["BusSettings", "ServiceSettings", "describe_settings_error"]
+__all__ = ["SETTINGS_JSON_HINT", "BusSettings", "ServiceSettings", "describe_settings_error"]
+
+#: What a setting that pydantic-settings could not decode needs (its SettingsError names the field).
+SETTINGS_JSON_HINT = "a list or mapping setting takes JSON, e.g. GPUWARDEN_TOPIC_PARTITIONS='{\"gpu.samples\": 24}'"
 
 
 def describe_settings_error(exc: ValidationError, prefix: str = "GPUWARDEN_") -> str:
@@ -95,6 +98,20 @@ class BusSettings(BaseSettings):
         "degraded meanwhile), s; 0 = fail at once (exit 2). The shipped unit env files set a day. The collector "
         "never waits: it collects and buffers while it connects",
     )
+    topic_partitions: dict[str, int] = Field(
+        default_factory=dict,
+        json_schema_extra={"doc_default": "{} (the registry's)"},
+        description="Partitions per topic that `gpuwarden topics create` creates and `topics plan` prints, as JSON "
+        'by short name, e.g. {"gpu.samples": 24, "gpu.attributed": 24}; the others keep the registry\'s (README '
+        "topic table; the plan raises a topic past 1 MB/s per partition). An existing topic is never altered",
+    )
+    topic_retention_hours: dict[str, float] = Field(
+        default_factory=dict,
+        json_schema_extra={"doc_default": "{} (the registry's)"},
+        description="Retention per topic (retention.ms) that `gpuwarden topics create` sets and `topics plan` "
+        'prints, as JSON by short name in hours, e.g. {"gpu.samples": 12, "failures": 2160}; not for the '
+        "compacted correlator.windows. The others keep the registry's (1 day for the sample topics, 7 for most)",
+    )
     producer_acks: Literal["all", "1"] = Field("all", description="Producer acks: all (durable) or 1")
     producer_compression: Literal["zstd", "lz4", "snappy", "gzip", "none"] = Field(
         "none",
@@ -116,6 +133,16 @@ class BusSettings(BaseSettings):
     @classmethod
     def _lower_name(cls, v: object) -> object:
         return v.strip().lower() if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _check_topic_overrides(self) -> BusSettings:
+        from .topics import check_topic_overrides
+
+        try:
+            check_topic_overrides(self.topic_partitions, self.topic_retention_hours)
+        except ValueError as exc:
+            raise ValueError(f"GPUWARDEN_TOPIC_PARTITIONS / GPUWARDEN_TOPIC_RETENTION_HOURS: {exc}") from None
+        return self
 
     @model_validator(mode="after")
     def _check_security(self) -> BusSettings:

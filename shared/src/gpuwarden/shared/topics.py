@@ -7,7 +7,9 @@ Names carry a configurable prefix (default ``gpuwarden.``), see ``GPUWARDEN_TOPI
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,15 +20,20 @@ from pydantic import BaseModel
 
 from . import models as m
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "TOPICS",
     "TopicSpec",
     "TopicsMissing",
+    "check_topic_overrides",
     "check_topics",
     "create_topics",
+    "low_min_insync",
     "prefix_hint",
     "replication_plan",
     "topic",
+    "topic_layout",
 ]
 
 
@@ -247,6 +254,52 @@ def replication_plan(
     return rf, isr
 
 
+def check_topic_overrides(
+    partitions: Mapping[str, int] | None = None, retention_hours: Mapping[str, float] | None = None
+) -> None:
+    """Check per-topic partitions and retention (``GPUWARDEN_TOPIC_PARTITIONS``,
+    ``GPUWARDEN_TOPIC_RETENTION_HOURS``): keys are registered short names (``gpu.samples``),
+    partitions 1-10,000, retention > 0 h and only on a topic that is not compacted.
+
+    Raises:
+        ValueError: naming every bad key or value (an unknown name with the closest known one).
+    """
+    import difflib
+
+    bad: list[str] = []
+    for what, mapping in (("partitions", partitions or {}), ("retention", retention_hours or {})):
+        for name, value in mapping.items():
+            spec = TOPICS.get(name)
+            if spec is None:
+                near = difflib.get_close_matches(name, list(TOPICS), n=1)
+                bad.append(f"{what} of unknown topic {name!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+            elif what == "partitions" and not 1 <= value <= 10_000:
+                bad.append(f"partitions of {name} must be 1-10000, got {value}")
+            elif what == "retention" and not value > 0:
+                bad.append(f"retention of {name} must be > 0 hours, got {value}")
+            elif what == "retention" and spec.configs.get("cleanup.policy") == "compact":
+                bad.append(f"{name} is compacted (its latest record per key is kept): it has no retention to set")
+    if bad:
+        raise ValueError("; ".join(bad))
+
+
+def topic_layout(
+    spec: TopicSpec,
+    partitions: int | None = None,
+    partitions_by_topic: Mapping[str, int] | None = None,
+    retention_hours: Mapping[str, float] | None = None,
+) -> tuple[int, dict[str, str]]:
+    """Partitions and configs a topic is created with: the per-topic setting, else ``partitions``
+    (one count for every topic: tests, small brokers), else the registry's; the registry's
+    configs with ``retention.ms`` from ``retention_hours`` where it names the topic."""
+    n = (partitions_by_topic or {}).get(spec.name) or partitions or spec.partitions
+    configs = dict(spec.configs)
+    hours = (retention_hours or {}).get(spec.name)
+    if hours is not None:
+        configs["retention.ms"] = str(round(hours * 3_600_000))
+    return n, configs
+
+
 async def create_topics(
     bootstrap_servers: str,
     prefix: str = "gpuwarden.",
@@ -256,6 +309,8 @@ async def create_topics(
     *,
     min_insync_replicas: int | None = None,
     client_kwargs: dict[str, Any] | None = None,
+    partitions_by_topic: Mapping[str, int] | None = None,
+    retention_hours: Mapping[str, float] | None = None,
 ) -> dict[str, str]:
     """Create every registered topic that does not exist yet; check the ones that do.
 
@@ -268,16 +323,21 @@ async def create_topics(
         with_configs: send per-topic configs (Tansu ignores most of them).
         min_insync_replicas: ``min.insync.replicas`` of the new topics (None: 2 with >= 3 replicas).
         client_kwargs: security settings of the admin client (``BusSettings.kafka_kwargs()``).
+        partitions_by_topic: partitions per short topic name (``GPUWARDEN_TOPIC_PARTITIONS``),
+            before ``partitions``; see :func:`topic_layout`.
+        retention_hours: retention per short topic name (``GPUWARDEN_TOPIC_RETENTION_HOURS``), h.
 
     Returns:
-        ``{full topic name: "created" | "exists" | "exists (N replicas, fewer than R)"}``.
+        ``{full topic name: "created" | "exists" | "exists (N replicas, fewer than R)" |
+        "exists (N partitions, not the M asked: ...)"}``. An existing topic is never altered.
 
     Raises:
-        ValueError: a replication factor the cluster cannot hold.
+        ValueError: a replication factor the cluster cannot hold, or a bad per-topic setting.
         aiokafka.errors.KafkaError: the broker is unreachable or refused a topic.
     """
     from .bus.clients import kafka_admin
 
+    check_topic_overrides(partitions_by_topic, retention_hours)
     admin = kafka_admin({**(client_kwargs or {}), "bootstrap_servers": bootstrap_servers}, request_timeout_ms=15000)
     await admin.start()
     result: dict[str, str] = {}
@@ -286,25 +346,31 @@ async def create_topics(
         rf, isr = replication_plan(len(cluster.get("brokers", [])) or 1, replication_factor, min_insync_replicas)
         existing = set(await admin.list_topics())
         mine = [spec.full(prefix) for spec in TOPICS.values() if spec.full(prefix) in existing]
-        have = {}
+        have: dict[str, tuple[int, int]] = {}  # full name -> (fewest replicas, partitions)
         if mine:
             for t in await admin.describe_topics(mine):
                 parts = t.get("partitions") or []
-                have[t["topic"]] = min((len(p.get("replicas") or []) for p in parts), default=0)
+                have[t["topic"]] = (min((len(p.get("replicas") or []) for p in parts), default=0), len(parts))
         new = []
         for spec in TOPICS.values():
             full = spec.full(prefix)
+            count, layout = topic_layout(spec, partitions, partitions_by_topic, retention_hours)
             if full in existing:
-                n = have.get(full, rf)
+                n, parts_now = have.get(full, (rf, count))
                 result[full] = "exists" if n >= rf else f"exists ({n} replicas, fewer than {rf})"
+                if spec.name in (partitions_by_topic or {}) and parts_now != count:
+                    result[full] = (
+                        f"exists ({parts_now} partitions, not the {count} asked: an existing topic is not "
+                        "altered; more partitions move keys between them)"
+                    )
                 continue
-            configs = dict(spec.configs) if with_configs else {}
+            configs = layout if with_configs else {}
             if with_configs and rf > 1:
                 configs["min.insync.replicas"] = str(isr)
             new.append(
                 NewTopic(
                     name=full,
-                    num_partitions=partitions or spec.partitions,
+                    num_partitions=count,
                     replication_factor=rf,
                     topic_configs=configs,
                 )
@@ -360,6 +426,21 @@ def prefix_hint(existing: set[str], prefix: str) -> str:
     full = [p for p, n in counts.items() if n >= len(TOPICS) // 2]
     near = difflib.get_close_matches(prefix, full, n=1, cutoff=0.5) or sorted(full)[:1]
     return f" (this cluster has them with prefix {near[0]!r})" if near else ""
+
+
+def low_min_insync(responses: list[dict[str, Any]], isr: int) -> list[str]:
+    """One sentence per topic whose ``min.insync.replicas`` is below ``isr``, from aiokafka's
+    ``DescribeConfigsResponse.to_object()`` dicts (``resources`` -> ``config_entries``)."""
+    out = []
+    for r in responses:
+        for res in r.get("resources", []):
+            for c in res.get("config_entries", []):
+                if c.get("config_names") == "min.insync.replicas" and int(c.get("config_value") or 1) < isr:
+                    out.append(
+                        f"{res.get('resource_name')}: min.insync.replicas={c.get('config_value')}, "
+                        f"below {isr}: an acks=all write would be confirmed by fewer brokers"
+                    )
+    return out
 
 
 async def check_topics(
@@ -433,19 +514,12 @@ async def check_topics(
                 problems.append(f"{t['topic']}: {n} replicas, fewer than {rf} on a {brokers}-broker cluster")
         if rf > 1:
             try:
-                from aiokafka.admin import ConfigResource, ConfigResourceType
+                from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
                 resp = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, n) for n in present])
-                for r in resp:
-                    for res in r.to_object().get("resources", []):
-                        for c in res.get("configs", []):
-                            if c.get("config_names") == "min.insync.replicas" and int(c.get("config_value") or 1) < isr:
-                                problems.append(
-                                    f"{res.get('resource_name')}: min.insync.replicas={c.get('config_value')}, "
-                                    f"below {isr}: an acks=all write would be confirmed by fewer brokers"
-                                )
-            except Exception:
-                pass
+                problems += low_min_insync([r.to_object() for r in resp], isr)
+            except Exception as exc:  # an optional part of the check (Tansu does not answer it)
+                log.debug("min.insync.replicas not checked: %s: %s", type(exc).__name__, exc)
     finally:
         await admin.close()
     return problems
