@@ -154,3 +154,38 @@ def test_a_detector_with_an_open_xid79_comes_back_whole_with_the_current_catalog
         assert isinstance(ep, Episode)
         assert ep.rule is rules[ep.rule.id]  # the catalog of the restarted detector, not a copy
     assert fresh.snapshot() == data or len(fresh.snapshot()) == len(data)
+
+
+def test_a_restored_open_condition_still_resolves_on_healthy_readings() -> None:
+    """The sample loop skips a healthy reading of a GPU without a condition tracker (a count per
+    GPU that is derived, not state): a restore must rebuild it, or an open condition whose GPU
+    recovered after the restart would never resolve."""
+    from gpuwarden.shared.models import AttributedSample, NodeSample
+
+    t0 = 1_760_000_000.0
+
+    def sample(ts: float, reasons: list[str]) -> AttributedSample:
+        gpu = GpuSample(
+            index=0, utilization_gpu_pct=95.0, sm_clock_mhz=900.0 if reasons else 1980.0, max_sm_clock_mhz=1980.0,
+            power_w=300.0,
+            power_limit_w=700.0, temperature_c=90.0, throttle_reasons=reasons,
+        )  # fmt: skip
+        return AttributedSample(sample=NodeSample(node="gpu-node-001", ts=ts, collector_id="c", source="s", gpus=[gpu]))
+
+    d = Detector(load_catalog())
+    opened = []
+    for i in range(120):
+        opened += d.on_sample(sample(t0 + i, ["hw_thermal_slowdown"]), 0)
+    opened += d.flush()
+    assert any(f.state.value == "open" and f.gpu_index == 0 for f in opened), "the thermal slowdown opens"
+    assert d._tracked == {("gpu-node-001", 0): len([k for k in d._trackers if k[1:3] == ("gpu-node-001", 0)])}
+    fresh = Detector(load_catalog())
+    fresh.restore(d.snapshot())
+    assert fresh._tracked == d._tracked
+    out = []
+    for i in range(120, 400):
+        out += fresh.on_sample(sample(t0 + i, []), 0)
+    out += fresh.flush()
+    resolved = {f.failure_id for f in out if f.state.value == "resolved"}
+    assert {f.failure_id for f in opened if f.state.value == "open"} <= resolved
+    assert fresh._tracked == {} and fresh._trackers == {}
