@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
 from gpuwarden.detector import Detector, load_catalog
 from gpuwarden.shared.models import (
@@ -506,3 +508,20 @@ def test_an_idle_start_is_an_idle_allocation_once_it_outlasts_the_grace() -> Non
     fired = [f for f in run_windows(JOB_CASES["idle-allocation"], 40) if f.pattern == "idle-allocation"]
     assert fired and fired[0].first_seen == T0 + 310  # the first window ends at 10 s, + 300 s: not grace + for_s
     assert not [f for f in run_windows(JOB_CASES["idle-allocation"], 28) if f.pattern == "idle-allocation"]
+
+
+@hypothesis.settings(max_examples=400, deadline=None)
+@hypothesis.given(
+    values=st.lists(st.sampled_from([0.0, 1.0, 2.5, 2.5, 1980.0]) | st.floats(0, 2000), min_size=2, max_size=40),
+    data=st.data(),
+)
+def test_median_without_is_the_median_of_what_is_left(values: list[float], data: st.DataObject) -> None:
+    """The stragglers' leave-one-out median and MAD (no sort of the peers per subject) equal
+    statistics.median of the peers, duplicates included."""
+    import statistics
+
+    from gpuwarden.detector.conditions.fleet import median_without
+
+    out = data.draw(st.sets(st.integers(0, len(values) - 1), min_size=1, max_size=len(values) - 1))
+    rest = [v for i, v in enumerate(values) if i not in out]
+    assert median_without(sorted(values), [values[i] for i in out]) == statistics.median(rest)

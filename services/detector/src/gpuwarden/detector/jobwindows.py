@@ -102,9 +102,13 @@ class JobWindows:
             if ctx is None:
                 ctx = self._job_ctx[w.job_id] = JobContext(self._job_starts.get(w.job_id, first.window_start))
             ctx.observe(windows)
+            by_gpu: dict[tuple[str, int | None], JobWindow] = {}  # a reading's window: one lookup, not a scan
+            for x in windows:
+                by_gpu.setdefault((x.node, x.gpu_index), x)
+                by_gpu.setdefault((x.node, None), x)
             for rule in self._by_scope["job"]:
                 for node, gpu, reading in evaluate_job(rule.signal, windows, history, ctx):
-                    src = next((x for x in windows if x.node == node and (gpu is None or x.gpu_index == gpu)), first)
+                    src = by_gpu.get((node, gpu), first)
                     job = GpuAttribution(
                         gpu_index=src.gpu_index,
                         job_id=src.job_id,

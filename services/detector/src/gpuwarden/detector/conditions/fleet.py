@@ -6,6 +6,7 @@ spread (1.4826 x MAD) on SM clock (MHz), power (W) or utilisation (%).
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from typing import Literal
 
@@ -15,7 +16,7 @@ from gpuwarden.shared.models import JobWindow
 
 from .base import FrozenModel, Reading, window_value
 
-__all__ = ["Straggler", "StragglerMetric", "evaluate_stragglers"]
+__all__ = ["Straggler", "StragglerMetric", "evaluate_stragglers", "median_without"]
 
 StragglerMetric = Literal["utilization_gpu_pct_mean", "sm_clock_mhz_mean", "power_w_mean"]
 
@@ -64,15 +65,49 @@ def evaluate_stragglers(sig: Straggler, windows: list[JobWindow]) -> list[tuple[
             continue  # not every GPU reports it: try the next metric
         ratio_limit = sig.power_only_ratio if metric == "power_w_mean" else sig.below_median_ratio
         out: list[tuple[str, int | None, Reading]] = []
+        values = sorted(per_gpu.values())
+        deviations: dict[float, list[float]] = {}  # the peers' median -> every GPU's |value - it|, sorted
         for (node, gpu), ws in sorted(subjects.items(), key=lambda kv: (kv[0][0], kv[0][1] or -1)):
-            mine = {(w.node, w.gpu_index) for w in ws}
-            val = statistics.median(per_gpu[k] for k in mine)
-            peers = [v for k, v in per_gpu.items() if k not in mine]
-            med = statistics.median(peers)
+            mine = [per_gpu[k] for k in {(w.node, w.gpu_index) for w in ws}]
+            val = statistics.median(mine)
+            med = median_without(values, mine)  # the peers' median: the subject left out
             if med <= 0:
                 continue
-            spread = max(1.4826 * statistics.median(abs(v - med) for v in peers), sig.min_spread * med)
+            devs = deviations.get(med)
+            if devs is None:
+                devs = deviations[med] = sorted(abs(v - med) for v in values)
+            mad = median_without(devs, [abs(v - med) for v in mine])
+            spread = max(1.4826 * mad, sig.min_spread * med)
             bad = val / med < ratio_limit and (med - val) > sig.mad_k * spread
             out.append((node, gpu, Reading(bad, f"{metric}_vs_job_median", round(val / med, 4), "ratio", ratio_limit)))
         return out
     return []
+
+
+def median_without(ordered: list[float], removed: list[float]) -> float:
+    """``statistics.median`` of the multiset ``ordered`` (sorted ascending) less ``removed`` (each
+    of its values occurs in ``ordered``): O(k log n) for k removed of n, not a sort of the rest.
+
+    Raises:
+        statistics.StatisticsError: nothing is left.
+    """
+    taken: list[int] = []  # the indexes of ordered the removed values take, ascending
+    for v in sorted(removed):
+        lo = taken[-1] + 1 if taken and ordered[taken[-1]] == v else 0
+        taken.append(bisect.bisect_left(ordered, v, lo))
+    n = len(ordered) - len(taken)
+    if n <= 0:
+        raise statistics.StatisticsError("no median for empty data")
+
+    def at(rank: int) -> float:  # the rank-th value left (0-based)
+        i = rank
+        for p in taken:
+            if p <= i:
+                i += 1
+            else:
+                break
+        return ordered[i]
+
+    if n % 2:
+        return at(n // 2)
+    return (at(n // 2 - 1) + at(n // 2)) / 2

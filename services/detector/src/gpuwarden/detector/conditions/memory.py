@@ -38,14 +38,16 @@ def evaluate_memory_growth(
 ) -> list[tuple[str, int | None, Reading]]:
     """Per GPU: the growth slope of its peak memory, unhealthy when the limit is near."""
     out: list[tuple[str, int | None, Reading]] = []
+    # each GPU's history in one pass over it (not a pass per GPU: O(GPUs x history), not GPUs^2)
+    past: dict[tuple[str, int], list[JobWindow]] = {}
+    for group in history:
+        for x in group:
+            past.setdefault((x.node, x.gpu_index), []).append(x)
     for w in windows:
         series = [
             (x.window_end / 60.0, x.memory_used_mib_max)
-            for group in [*history, [w]]
-            for x in group
-            if (x.node, x.gpu_index) == (w.node, w.gpu_index)
-            and x.memory_used_mib_max is not None
-            and not ctx.in_grace(x, sig.startup_grace_s)
+            for x in [*past.get((w.node, w.gpu_index), ()), w]
+            if x.memory_used_mib_max is not None and not ctx.in_grace(x, sig.startup_grace_s)
         ]
         if len(series) < sig.min_windows or not w.memory_total_mib or w.memory_used_mib_max is None:
             continue

@@ -12,7 +12,7 @@ of event time): its late windows and failures update the final report.
 from __future__ import annotations
 
 import bisect
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +20,7 @@ from gpuwarden.shared.models import Failure, JobReport, JobState, JobWindow
 from gpuwarden.shared.slurm import TERMINAL_JOB_STATES
 
 from .breakdown import build, job_gpus, loss_gpus, span
-from .model import REQUEUE_STATES, Series, failure_cut, is_loss, onset, window_len
+from .model import REQUEUE_STATES, WINDOW_S, Series, failure_cut, is_loss, onset
 
 __all__ = ["JobReporter", "job_report_rows"]
 
@@ -41,6 +41,16 @@ class _Job:
     dirty: bool = False
     #: the ``as_of`` of the last report returned by mark/due (consumers keep the latest)
     published_as_of: float | None = None
+    #: the earliest window start of any GPU (kept as windows come: read per window)
+    first_start: float | None = None
+    #: bumped whenever a failure is kept (part of :attr:`unsettled`'s key)
+    failures_version: int = 0
+    #: the GPU that kept the last :meth:`JobReporter._settled` False, with what it depended on
+    #: (``t``, the GPU's window count, failures, state, GPUs known, first start): while they
+    #: are unchanged and it has not fallen ``linger_s`` behind, the answer is still False
+    unsettled: tuple[Any, ...] | None = None
+    #: how many GPUs' last window has each length, s (:func:`~.model.window_len` without a sort)
+    last_lens: Counter[float] = field(default_factory=Counter)
 
     def synth_state(self, job_id: str) -> JobState:
         """The job's state, or one made from its windows when slurm.jobs said nothing yet."""
@@ -49,8 +59,7 @@ class _Job:
         gpus: dict[str, list[int]] = {}
         for n, i in sorted(self.series):
             gpus.setdefault(n, []).append(i)
-        starts = [s.cols["start"][0] for s in self.series.values() if len(s)]
-        start = min(starts, default=0.0)
+        start = self.first_start if self.first_start is not None else 0.0
         return JobState(
             job_id=job_id,
             ts=max(0.0, self.last_window_end or start),
@@ -64,11 +73,34 @@ class _Job:
 
     def cut(self) -> float | None:
         """:func:`~.model.failure_cut` of the job's failures, epoch s; None without failures."""
-        return failure_cut(list(self.failures.values()), window_len(self.series))
+        if not self.failures:
+            return None
+        return failure_cut(list(self.failures.values()), self.window_len())
+
+    def window_len(self) -> float:
+        """:func:`~.model.window_len` of the series, from :attr:`last_lens` (no pass over every GPU)."""
+        positive = sorted((x, n) for x, n in self.last_lens.items() if x > 0 and n > 0)
+        k = sum(n for _, n in positive) // 2  # the index window_len takes in the sorted lengths
+        for x, n in positive:
+            if k < n:
+                return x
+            k -= n
+        return WINDOW_S
 
     def add_window(self, w: JobWindow) -> None:
-        self.series.setdefault((w.node, w.gpu_index), Series()).add(w)
+        s = self.series.get((w.node, w.gpu_index))
+        if s is None:
+            s = self.series[(w.node, w.gpu_index)] = Series()
+        before = s.cols["end"][-1] - s.cols["start"][-1] if len(s) else None
+        s.add(w)
+        after = s.cols["end"][-1] - s.cols["start"][-1]
+        if before != after:
+            if before is not None:
+                self.last_lens[before] -= 1
+            self.last_lens[after] += 1
         self.last_window_end = max(self.last_window_end, w.window_end)
+        if self.first_start is None or w.window_start < self.first_start:
+            self.first_start = w.window_start
         self.user, self.partition = w.user or self.user, w.partition or self.partition
 
     def add_failure(self, f: Failure) -> bool:
@@ -76,6 +108,7 @@ class _Job:
         old = self.failures.get(f.failure_id)
         if old is None or f.last_seen >= old.last_seen:
             self.failures[f.failure_id] = f
+            self.failures_version += 1
             return True
         return False
 
@@ -188,6 +221,9 @@ class JobReporter:
                 j.series.clear()  # a new run of a requeued job
                 j.failures.clear()
                 j.pending = False
+                j.first_start, j.unsettled = None, None
+                j.last_lens.clear()
+                j.failures_version += 1
             j.state = st
             return []
         if j.state is None and not j.series:
@@ -281,6 +317,17 @@ class JobReporter:
         return self._watermark >= c.span[1] + self.linger_s or self._settled(c, job_id, c.span[1])
 
     def _settled(self, j: _Job, job_id: str, t: float) -> bool:
+        # The GPU that held it back last time, unchanged and not left behind: still not settled
+        # (O(1) for the windows of a round that arrive before that GPU's; the rest is O(GPUs)).
+        memo = j.unsettled
+        if memo is not None:
+            g = memo[0]
+            s = j.series.get(g)
+            if memo[1:-1] == (t, len(s) if s is not None else -1, *self._settle_inputs(j)):
+                end = s.cols["end"][-1] if s is not None and len(s) else None
+                if j.last_window_end - (end if end is not None else memo[-1]) <= self.linger_s:
+                    return False
+        j.unsettled = None
         state = j.synth_state(job_id)
         gpus = job_gpus(state, j.series)
         lost: dict[tuple[str, int], float] = {}
@@ -290,11 +337,7 @@ class JobReporter:
                     lost[g] = min(lost.get(g, t), onset(f))
         ends = {g: s.cols["end"][-1] for g, s in j.series.items() if len(s)}
         front = max(ends.values(), default=0.0)
-        t0 = (
-            state.start_ts
-            if state.start_ts is not None
-            else min((s.cols["start"][0] for s in j.series.values() if len(s)), default=t)
-        )
+        t0 = state.start_ts if state.start_ts is not None else (j.first_start if j.first_start is not None else t)
         for g in gpus:
             need = min(t, lost.get(g, t))
             if need <= t0:
@@ -307,8 +350,14 @@ class JobReporter:
                 continue  # far past it: the window that would hold it is a gap (no telemetry)
             if front - (end if end is not None else t0) > self.linger_s:
                 continue  # this GPU stopped reporting
+            j.unsettled = (g, t, len(s) if s is not None else -1, *self._settle_inputs(j), t0)
             return False
         return True
+
+    @staticmethod
+    def _settle_inputs(j: _Job) -> tuple[Any, ...]:
+        """What :meth:`_settled` reads of a job besides one GPU's windows and ``t``."""
+        return (j.failures_version, id(j.state), len(j.series), j.first_start)
 
     def report(self, job_id: str, as_of: float | None = None) -> JobReport | None:
         """The job's report now (a running job: up to ``as_of``, default :meth:`as_of`); the
@@ -357,8 +406,11 @@ class JobReporter:
             return None
         if interval_s <= 0:
             return None
-        starts = [s.cols["start"][0] for s in j.series.values() if len(s)]
-        ref = j.last_published if j.last_published is not None else min(starts, default=j.last_window_end)
+        ref = (
+            j.last_published
+            if j.last_published is not None
+            else (j.first_start if j.first_start is not None else j.last_window_end)
+        )
         if j.last_window_end - ref < interval_s:
             return None
         return self.mark(job_id)
@@ -369,7 +421,8 @@ class JobReporter:
         cut = j.cut()
         if cut is None:
             return None
-        t0 = span(j.synth_state(job_id), j.series, None)[0]
+        st = j.synth_state(job_id)  # span()'s start, without its pass over every GPU
+        t0 = st.start_ts if st.start_ts is not None else (j.first_start if j.first_start is not None else st.ts)
         return max(cut, t0, j.published_as_of or cut)
 
     def _published(self, j: _Job, rep: JobReport | None) -> JobReport | None:
