@@ -300,3 +300,52 @@ def test_markdown_report_escapes_hostile_names_and_text(tmp_path: Path) -> None:
     assert not any(line.startswith("# forged") for line in md.splitlines())
     gpu_rows = [ln for ln in md.splitlines() if ln.startswith("| gpu-node-001")]
     assert len(gpu_rows) == 1 and gpu_rows[0].replace("\\|", "").count("|") == 10  # 9 cells: shape kept
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_due_gives_the_same_reports_with_and_without_the_settle_memo(seed: int) -> None:
+    """:meth:`JobReporter._settled` starts at the GPU that held a pending report back last time
+    (O(1) while it is unchanged). A reporter that always scans every GPU must publish the same
+    reports after the same windows, whatever the windows' order: a loss failure on one GPU, a
+    GPU that stops reporting, windows of a round arriving shuffled and a few rounds late."""
+    import random
+
+    rng = random.Random(seed)
+    gpus = {f"n{k}": [0, 1, 2, 3] for k in range(4)}
+    st = job(nodes=sorted(gpus), gpus=gpus)
+    stopped = (f"n{rng.randrange(4)}", rng.randrange(4))
+    ws = [
+        win(n, i, s)
+        for s in range(0, 400, 10)
+        for n, idx in gpus.items()
+        for i in idx
+        if not ((n, i) == stopped and s >= 200)
+    ]
+    ws.sort(key=lambda w: w.window_start + rng.uniform(0, 40))  # late and out of order
+    node, gpu = rng.choice([(n, i) for n, idx in gpus.items() for i in idx])
+    failures = {
+        rng.randrange(len(ws)): make_failure(failure_id=f"f{k}", job_id="7", node=node, gpu_index=gpu,
+                                             first_seen=T0 + rng.uniform(50, 300), last_seen=T0 + 300)
+        for k in range(3)
+    }  # fmt: skip
+
+    def run(memo: bool) -> list[tuple[int, float, str]]:
+        rep = JobReporter(3.26)
+        rep.observe(st)
+        out = []
+        for k, w in enumerate(ws):
+            rep.observe(w)
+            if k in failures:
+                rep.observe(failures[k])
+                rep.mark("7")
+            if not memo:
+                for j in rep._jobs.values():
+                    j.unsettled = None
+            got = rep.due("7", 60.0)
+            if got is not None:
+                out.append((k, got.as_of, got.model_dump_json()))
+        return out
+
+    with_memo = run(True)
+    assert with_memo == run(False)
+    assert with_memo, "reports were published"

@@ -323,10 +323,10 @@ class JobReporter:
         if memo is not None:
             g = memo[0]
             s = j.series.get(g)
-            if memo[1:-1] == (t, len(s) if s is not None else -1, *self._settle_inputs(j)):
-                end = s.cols["end"][-1] if s is not None and len(s) else None
-                if j.last_window_end - (end if end is not None else memo[-1]) <= self.linger_s:
-                    return False
+            end = s.cols["end"][-1] if s is not None and len(s) else None
+            same = memo[1:-1] == (t, len(s) if s is not None else -1, end, *self._settle_inputs(j))
+            if same and j.last_window_end - (end if end is not None else memo[-1]) <= self.linger_s:
+                return False
         j.unsettled = None
         state = j.synth_state(job_id)
         gpus = job_gpus(state, j.series)
@@ -350,7 +350,7 @@ class JobReporter:
                 continue  # far past it: the window that would hold it is a gap (no telemetry)
             if front - (end if end is not None else t0) > self.linger_s:
                 continue  # this GPU stopped reporting
-            j.unsettled = (g, t, len(s) if s is not None else -1, *self._settle_inputs(j), t0)
+            j.unsettled = (g, t, len(s) if s is not None else -1, end, *self._settle_inputs(j), t0)
             return False
         return True
 
