@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import AliasChoices, BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 
-from gpuwarden.shared.settings import BusSettings, ServiceSettings
+from gpuwarden.shared.settings import BusSettings, ServiceSettings, TopicSettings
 from gpuwarden.shared.topics import TOPICS
 
 __all__ = [
@@ -241,6 +241,7 @@ def blocks() -> dict[str, dict[str, str]]:
         ARCHITECTURE.as_posix(): {
             "topics": topics_table(),
             "settings:bus": settings_table(BusSettings),
+            "settings:topics": settings_table(TopicSettings),
             "settings:service": settings_table(ServiceSettings, BusSettings),
         }
     }

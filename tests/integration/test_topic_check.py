@@ -58,8 +58,7 @@ def test_per_topic_partitions_and_retention_are_created_and_an_existing_topic_is
         create_topics(
             kafka_bootstrap,
             prefix,
-            partitions=1,
-            partitions_by_topic={"gpu.samples": 3},
+            partitions_by_topic={"gpu.samples": 3, "failures": 2},
             retention_hours={"gpu.samples": 12, "failures": 2160},
         )
     )
@@ -82,11 +81,14 @@ def test_per_topic_partitions_and_retention_are_created_and_an_existing_topic_is
             await admin.close()
 
     parts, retention = asyncio.run(look())
-    assert parts == {f"{prefix}gpu.samples": 3, f"{prefix}gpu.events": 1, f"{prefix}failures": 1}
+    # gpu.events follows gpu.samples (the correlator joins them by partition); the rest keep the registry's
+    assert parts == {f"{prefix}gpu.samples": 3, f"{prefix}gpu.events": 3, f"{prefix}failures": 2}
+    assert asyncio.run(check_topics(kafka_bootstrap, prefix)) == []
     assert retention[f"{prefix}gpu.samples"] == str(12 * 3_600_000)
     assert retention[f"{prefix}failures"] == str(2160 * 3_600_000)
     assert retention[f"{prefix}gpu.events"] == TOPICS["gpu.events"].configs["retention.ms"]
-    again = asyncio.run(create_topics(kafka_bootstrap, prefix, partitions=1, partitions_by_topic={"gpu.samples": 6}))
+    again = asyncio.run(create_topics(kafka_bootstrap, prefix, partitions_by_topic={"gpu.samples": 6}))
     assert again[f"{prefix}gpu.samples"].startswith("exists (3 partitions, not the 6 asked")
-    assert again[f"{prefix}gpu.events"] == "exists"
+    assert again[f"{prefix}gpu.events"].startswith("exists (3 partitions, not the 6 asked")
+    assert again[f"{prefix}failures"] == "exists"
     assert asyncio.run(look())[0][f"{prefix}gpu.samples"] == 3  # never altered

@@ -277,6 +277,36 @@ def test_merged_release_keeps_each_nodes_arrival_order() -> None:
     ]
 
 
+def test_a_join_that_raises_loses_that_record_only_the_rest_stay_held_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    c = gated()
+    for t in range(4):
+        for node in (N1, N2):
+            c.handle("gpu.samples", sample(T0 + t, node=node))
+    real = c._sample
+
+    def failing(smp: NodeSample, value: bytes, known: bool) -> list[Output]:
+        if smp.node == N2 and smp.ts == T0 + 1:
+            raise RuntimeError("boom")
+        return real(smp, value, known)
+
+    monkeypatch.setattr(c, "_sample", failing)
+    c.view.on_watermark(SlurmWatermark(cluster="c", ts=T0 + 3, jobs_offsets={}))
+    with pytest.raises(RuntimeError):
+        c.release()
+    # N1@0, N2@0, N1@1 were joined (their outputs went with the raise), N2@1 is lost, the rest wait
+    assert c.held_count == 4
+    assert {n: [r.ts - T0 for r in q] for n, q in c.held.items()} == {N1: [2.0, 3.0], N2: [2.0, 3.0]}
+    monkeypatch.setattr(c, "_sample", real)
+    assert [(a.sample.ts - T0, a.sample.node) for a in attributed(c.release())] == [
+        (2, N1),
+        (2, N2),
+        (3, N1),
+        (3, N2),
+    ]
+
+
 def test_a_later_record_behind_a_timed_out_head_waits_its_own_hold() -> None:
     clock = Clock()
     c = gated(clock, hold_s=30.0)

@@ -349,3 +349,20 @@ def test_due_gives_the_same_reports_with_and_without_the_settle_memo(seed: int) 
     with_memo = run(True)
     assert with_memo == run(False)
     assert with_memo, "reports were published"
+
+
+def test_the_settle_memo_sees_a_new_job_state_even_when_its_object_id_is_reused() -> None:
+    """The memo keyed on ``id(state)`` once; CPython gives a freed object's id to the next one,
+    so a changed state (Slurm now names GPU 0 only) could leave a stale "not settled"."""
+    rep = JobReporter(3.26)
+    gpus2 = {"n1": [0, 1]}
+    rep.observe(job(nodes=["n1"], gpus=gpus2, ts=T0 + 1))
+    for s in range(0, 100, 10):
+        rep.observe(win("n1", 0, s))
+    for s in range(0, 50, 10):
+        rep.observe(win("n1", 1, s))
+    j = rep._jobs["7"]
+    assert rep._settled(j, "7", T0 + 80) is False and j.unsettled is not None and j.unsettled[0] == ("n1", 1)
+    for k in range(50):  # states come and go: ids are reused
+        rep.observe(job(nodes=["n1"], gpus={"n1": [0]}, ts=T0 + 2 + k))
+    assert rep._settled(j, "7", T0 + 80) is True  # GPU 1 is no longer the job's

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -29,6 +29,11 @@ from rich.table import Table
 
 from .clihelp import help_markup
 from .settings import BusSettings
+
+if TYPE_CHECKING:
+    from .settings import TopicSettings
+
+_S = TypeVar("_S")
 
 __all__ = ["app", "load_plugins", "main"]
 
@@ -76,13 +81,24 @@ def _root(
 
 def _bus_settings() -> BusSettings:
     """The bus settings, or exit 2 with one line naming what is wrong."""
+    return _settings(BusSettings)
+
+
+def _topic_settings() -> TopicSettings:
+    """GPUWARDEN_TOPIC_PARTITIONS / GPUWARDEN_TOPIC_RETENTION_HOURS, or exit 2 with one line."""
+    from .settings import TopicSettings
+
+    return _settings(TopicSettings)
+
+
+def _settings(cls: Callable[[], _S]) -> _S:
     from pydantic import ValidationError
     from pydantic_settings import SettingsError
 
     from .settings import SETTINGS_JSON_HINT, describe_settings_error
 
     try:
-        return BusSettings()
+        return cls()
     except ValidationError as exc:
         console.print(f"[red]error:[/] {escape(describe_settings_error(exc))}", soft_wrap=True)
     except SettingsError as exc:
@@ -100,7 +116,9 @@ def topics_create(
     prefix: Annotated[
         str | None, typer.Option(help="Topic prefix (default GPUWARDEN_TOPIC_PREFIX or gpuwarden.)")
     ] = None,
-    partitions: Annotated[int | None, typer.Option(min=1, help="Override partitions of every topic")] = None,
+    partitions: Annotated[
+        int | None, typer.Option(min=1, help="Partitions of every topic (over GPUWARDEN_TOPIC_PARTITIONS)")
+    ] = None,
     replication_factor: Annotated[
         int | None, typer.Option(min=1, help="Replicas per partition (default: 3 on >= 3 brokers, else 1)")
     ] = None,
@@ -112,6 +130,7 @@ def topics_create(
     from .topics import create_topics
 
     s = _bus_settings()
+    layout = _topic_settings()
     bs = bootstrap_servers or s.bootstrap_servers
     try:
         res = asyncio.run(
@@ -121,8 +140,8 @@ def topics_create(
                 partitions,
                 replication_factor,
                 client_kwargs=s.kafka_kwargs(),
-                partitions_by_topic=s.topic_partitions,
-                retention_hours=s.topic_retention_hours,
+                partitions_by_topic=layout.topic_partitions,
+                retention_hours=layout.topic_retention_hours,
             )
         )
     except (KafkaError, OSError, RuntimeError, ValueError) as exc:
@@ -176,11 +195,11 @@ def topics_plan(
         sizes = measure_sizes(gpus_per_node)
         ratio = sizes.pop("gzip_ratio")
         basis = f"measured on a simulated {gpus_per_node}-GPU node"
-    bus = _bus_settings()
-    pre = prefix or bus.topic_prefix
+    layout = _topic_settings()
+    pre = prefix or _bus_settings().topic_prefix
     topics = plan_topics(nodes, gpus_per_node=gpus_per_node, interval_s=interval, prefix=pre, brokers=brokers,
-                         cluster=cluster, sizes=sizes, size_basis=basis, partitions_by_topic=bus.topic_partitions,
-                         retention_hours=bus.topic_retention_hours)  # fmt: skip
+                         cluster=cluster, sizes=sizes, size_basis=basis, partitions_by_topic=layout.topic_partitions,
+                         retention_hours=layout.topic_retention_hours)  # fmt: skip
     acls = plan_acls(pre, cluster=cluster, principal_prefix=principal_prefix)
     extra = ["--command-config", command_config] if command_config else []
     topic_cmds = [[*c, *extra] for c in kafka_topics_argv(topics, bootstrap_server)]

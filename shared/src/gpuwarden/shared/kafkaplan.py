@@ -23,7 +23,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .topics import TOPICS, check_topic_overrides, replication_plan, topic_layout
+from .topics import COPARTITIONED, TOPICS, check_topic_overrides, replication_plan, topic_layout
 
 __all__ = [
     "SIZES",
@@ -165,6 +165,14 @@ def plan_topics(
         "slurm.nodes": (nodes * 24.0, "a snapshot per node per hour"),
         "slurm.watermarks": (DAY_S / 10.0, "one per 10 s poll"),
     }
+
+    def _per_day(name: str) -> float:
+        n = rate[name][0] if name in rate else RARE_PER_NODE_DAY.get(name, 0.0) * nodes
+        return n * size[name]
+
+    # one count for the co-partitioned topics: the largest any of them needs (the correlator
+    # joins them by partition)
+    auto = {name: max(TOPICS[name].partitions, partitions_for(_per_day(name) / DAY_S)) for name in COPARTITIONED}
     out: list[TopicPlan] = []
     for spec in TOPICS.values():
         if spec.name in rate:
@@ -175,19 +183,24 @@ def plan_topics(
         _, configs = topic_layout(spec, retention_hours=retention_hours)
         if rf > 1:
             configs["min.insync.replicas"] = str(isr)
-        per_day = n * size[spec.name]
+        per_day = _per_day(spec.name)
         if configs.get("cleanup.policy") == "compact":
             stored = nodes * size[spec.name]  # the latest snapshot per node
         else:
             stored = per_day * int(configs.get("retention.ms", str(7 * 86_400_000))) / 86_400_000
+        need = (
+            max(auto.values()) if spec.name in COPARTITIONED else max(spec.partitions, partitions_for(per_day / DAY_S))
+        )
+        count, _ = topic_layout(spec, partitions, partitions_by_topic)
+        count = count if partitions or _setting_given(spec.name, partitions_by_topic) else need
+        if count < need:
+            basis += f"; {count} partitions as set, the plan alone gives {need} (1 MB/s per partition)"
         out.append(
             TopicPlan(
                 name=spec.full(prefix),
                 short=spec.name,
                 # at least the registry's, more when one partition would carry over 1 MB/s
-                partitions=(partitions_by_topic or {}).get(spec.name)
-                or partitions
-                or max(spec.partitions, partitions_for(per_day / DAY_S)),
+                partitions=count,
                 replication_factor=rf,
                 min_insync=isr if rf > 1 else 1,
                 configs=configs,
@@ -314,3 +327,9 @@ def human_bytes(n: float) -> str:
 def partitions_for(bytes_per_s: float, mb_per_partition_s: float = 1.0) -> int:
     """Partitions a topic of ``bytes_per_s`` wants at ``mb_per_partition_s`` MB/s per partition."""
     return max(1, math.ceil(bytes_per_s / (mb_per_partition_s * 1e6)))
+
+
+def _setting_given(name: str, partitions_by_topic: Mapping[str, int] | None) -> bool:
+    """Whether the per-topic setting gives ``name`` a count (a co-partitioned topic: any of its group)."""
+    by = partitions_by_topic or {}
+    return any(n in by for n in COPARTITIONED) if name in COPARTITIONED else name in by

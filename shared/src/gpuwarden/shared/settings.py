@@ -6,12 +6,12 @@ import os
 import ssl
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, Strict, StrictInt, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["SETTINGS_JSON_HINT", "BusSettings", "ServiceSettings", "describe_settings_error"]
+__all__ = ["SETTINGS_JSON_HINT", "BusSettings", "ServiceSettings", "TopicSettings", "describe_settings_error"]
 
 #: What a setting that pydantic-settings could not decode needs (its SettingsError names the field).
 SETTINGS_JSON_HINT = "a list or mapping setting takes JSON, e.g. GPUWARDEN_TOPIC_PARTITIONS='{\"gpu.samples\": 24}'"
@@ -24,14 +24,16 @@ def describe_settings_error(exc: ValidationError, prefix: str = "GPUWARDEN_") ->
     lines = []
     for e in exc.errors():
         msg = e["msg"].removeprefix("Value error, ")
-        field = "_".join(str(p) for p in e["loc"])
-        if not field:  # a check across settings (a model validator): its message names them
+        loc = e["loc"]
+        if not loc:  # a check across settings (a model validator): its message names them
             lines.append(msg)
             continue
+        field = str(loc[0]).upper()
         got = e.get("input")
         shown = f"={got!r}" if isinstance(got, str | int | float) else ""
-        name = field.upper() if field.upper().startswith(prefix) else f"{prefix}{field.upper()}"
-        lines.append(f"{name}{shown}: {msg}")
+        name = field if field.startswith(prefix) else f"{prefix}{field}"
+        keys = "".join(f"[{p!r}]" if isinstance(p, str) else f"[{p}]" for p in loc[1:])  # an entry of a mapping
+        lines.append(f"{name}{keys}{shown}: {msg}")
     return "invalid settings: " + "; ".join(lines)
 
 
@@ -98,20 +100,6 @@ class BusSettings(BaseSettings):
         "degraded meanwhile), s; 0 = fail at once (exit 2). The shipped unit env files set a day. The collector "
         "never waits: it collects and buffers while it connects",
     )
-    topic_partitions: dict[str, int] = Field(
-        default_factory=dict,
-        json_schema_extra={"doc_default": "{} (the registry's)"},
-        description="Partitions per topic that `gpuwarden topics create` creates and `topics plan` prints, as JSON "
-        'by short name, e.g. {"gpu.samples": 24, "gpu.attributed": 24}; the others keep the registry\'s (README '
-        "topic table; the plan raises a topic past 1 MB/s per partition). An existing topic is never altered",
-    )
-    topic_retention_hours: dict[str, float] = Field(
-        default_factory=dict,
-        json_schema_extra={"doc_default": "{} (the registry's)"},
-        description="Retention per topic (retention.ms) that `gpuwarden topics create` sets and `topics plan` "
-        'prints, as JSON by short name in hours, e.g. {"gpu.samples": 12, "failures": 2160}; not for the '
-        "compacted correlator.windows. The others keep the registry's (1 day for the sample topics, 7 for most)",
-    )
     producer_acks: Literal["all", "1"] = Field("all", description="Producer acks: all (durable) or 1")
     producer_compression: Literal["zstd", "lz4", "snappy", "gzip", "none"] = Field(
         "none",
@@ -133,16 +121,6 @@ class BusSettings(BaseSettings):
     @classmethod
     def _lower_name(cls, v: object) -> object:
         return v.strip().lower() if isinstance(v, str) else v
-
-    @model_validator(mode="after")
-    def _check_topic_overrides(self) -> BusSettings:
-        from .topics import check_topic_overrides
-
-        try:
-            check_topic_overrides(self.topic_partitions, self.topic_retention_hours)
-        except ValueError as exc:
-            raise ValueError(f"GPUWARDEN_TOPIC_PARTITIONS / GPUWARDEN_TOPIC_RETENTION_HOURS: {exc}") from None
-        return self
 
     @model_validator(mode="after")
     def _check_security(self) -> BusSettings:
@@ -231,6 +209,45 @@ class BusSettings(BaseSettings):
         if ctx is not None:
             return faust.SSLCredentials(ctx)
         return None
+
+
+class TopicSettings(BaseSettings):
+    """The topic layout `gpuwarden topics create` and `gpuwarden topics plan` use (no service
+    reads them: a bad value stops those two commands only).
+
+    Raises (at construction): ``pydantic.ValidationError`` for a value of the wrong type or a
+    name or count :func:`gpuwarden.shared.topics.check_topic_overrides` refuses;
+    ``pydantic_settings.SettingsError`` for a value that is not JSON.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="GPUWARDEN_", extra="ignore")
+
+    topic_partitions: dict[str, StrictInt] = Field(
+        default_factory=dict,
+        json_schema_extra={"doc_default": "{} (the registry's)"},
+        description="Partitions per topic that `gpuwarden topics create` creates and `topics plan` prints, as JSON "
+        'by short name, e.g. {"gpu.samples": 24, "gpu.attributed": 24}; the others keep the registry\'s (README '
+        "topic table; the plan raises a topic past 1 MB/s per partition). gpu.samples, gpu.events and "
+        "correlator.windows share one count (the correlator joins them by partition): naming one sets all three. "
+        "`topics create --partitions N` overrides it. An existing topic is never altered",
+    )
+    topic_retention_hours: dict[str, Annotated[float, Strict()]] = Field(
+        default_factory=dict,
+        json_schema_extra={"doc_default": "{} (the registry's)"},
+        description="Retention per topic (retention.ms) that `gpuwarden topics create` sets and `topics plan` "
+        'prints, as JSON by short name in hours, e.g. {"gpu.samples": 12, "failures": 2160}; not for the '
+        "compacted correlator.windows. The others keep the registry's (1 day for the sample topics, 7 for most)",
+    )
+
+    @model_validator(mode="after")
+    def _check_topic_overrides(self) -> TopicSettings:
+        from .topics import check_topic_overrides
+
+        try:
+            check_topic_overrides(self.topic_partitions, self.topic_retention_hours)
+        except ValueError as exc:
+            raise ValueError(f"GPUWARDEN_TOPIC_PARTITIONS / GPUWARDEN_TOPIC_RETENTION_HOURS: {exc}") from None
+        return self
 
 
 _BUS_FIELDS = {

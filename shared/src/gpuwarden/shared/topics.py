@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from . import models as m
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "COPARTITIONED",
+    "MAX_RETENTION_MS",
     "TOPICS",
     "TopicSpec",
     "TopicsMissing",
@@ -254,12 +257,21 @@ def replication_plan(
     return rf, isr
 
 
+#: Topics that must have one partition count: the correlator finds a node's changelog partition
+#: and its events by the partition of its samples (same key, same partitioner).
+COPARTITIONED: tuple[str, ...] = ("gpu.samples", "gpu.events", "correlator.windows")
+#: Largest ``retention.ms`` Kafka takes (a Java long), ms.
+MAX_RETENTION_MS = 2**63 - 1
+
+
 def check_topic_overrides(
     partitions: Mapping[str, int] | None = None, retention_hours: Mapping[str, float] | None = None
 ) -> None:
     """Check per-topic partitions and retention (``GPUWARDEN_TOPIC_PARTITIONS``,
-    ``GPUWARDEN_TOPIC_RETENTION_HOURS``): keys are registered short names (``gpu.samples``),
-    partitions 1-10,000, retention > 0 h and only on a topic that is not compacted.
+    ``GPUWARDEN_TOPIC_RETENTION_HOURS``): keys are registered short names (``gpu.samples``);
+    partitions an integer 1-10,000, one count for the :data:`COPARTITIONED` topics it names;
+    retention a finite number of hours that is at least 1 ms and at most Kafka's largest,
+    only on a topic that is not compacted.
 
     Raises:
         ValueError: naming every bad key or value (an unknown name with the closest known one).
@@ -271,14 +283,24 @@ def check_topic_overrides(
         for name, value in mapping.items():
             spec = TOPICS.get(name)
             if spec is None:
-                near = difflib.get_close_matches(name, list(TOPICS), n=1)
+                near = difflib.get_close_matches(name.removeprefix("gpuwarden."), list(TOPICS), n=1)
                 bad.append(f"{what} of unknown topic {name!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
-            elif what == "partitions" and not 1 <= value <= 10_000:
-                bad.append(f"partitions of {name} must be 1-10000, got {value}")
-            elif what == "retention" and not value > 0:
-                bad.append(f"retention of {name} must be > 0 hours, got {value}")
+            elif isinstance(value, bool) or not isinstance(value, int | float):
+                bad.append(f"{what} of {name} must be a number, got {value!r}")
+            elif what == "partitions" and (not isinstance(value, int) or not 1 <= value <= 10_000):
+                bad.append(f"partitions of {name} must be a whole number 1-10000, got {value!r}")
+            elif what == "retention" and not (
+                math.isfinite(value) and 1 <= round(value * 3_600_000) <= MAX_RETENTION_MS
+            ):
+                bad.append(f"retention of {name} must be a finite number of hours, 1 ms to 2^63-1 ms, got {value!r}")
             elif what == "retention" and spec.configs.get("cleanup.policy") == "compact":
                 bad.append(f"{name} is compacted (its latest record per key is kept): it has no retention to set")
+    group = {n: c for n, c in (partitions or {}).items() if n in COPARTITIONED}
+    if len(set(group.values())) > 1:
+        bad.append(
+            f"{', '.join(COPARTITIONED)} must have one partition count (the correlator joins them by partition), "
+            f"got {group}: name one of them"
+        )
     if bad:
         raise ValueError("; ".join(bad))
 
@@ -289,15 +311,25 @@ def topic_layout(
     partitions_by_topic: Mapping[str, int] | None = None,
     retention_hours: Mapping[str, float] | None = None,
 ) -> tuple[int, dict[str, str]]:
-    """Partitions and configs a topic is created with: the per-topic setting, else ``partitions``
-    (one count for every topic: tests, small brokers), else the registry's; the registry's
-    configs with ``retention.ms`` from ``retention_hours`` where it names the topic."""
-    n = (partitions_by_topic or {}).get(spec.name) or partitions or spec.partitions
+    """Partitions and configs a topic is created with. Partitions: ``partitions`` (one count for
+    every topic: ``topics create --partitions``, tests, small brokers), else the per-topic
+    setting (for a :data:`COPARTITIONED` topic, the count any of the group is given), else the
+    registry's. Configs: the registry's, with ``retention.ms`` from ``retention_hours`` where it
+    names the topic."""
+    n = partitions or _setting_for(spec.name, partitions_by_topic) or spec.partitions
     configs = dict(spec.configs)
     hours = (retention_hours or {}).get(spec.name)
     if hours is not None:
         configs["retention.ms"] = str(round(hours * 3_600_000))
     return n, configs
+
+
+def _setting_for(name: str, partitions_by_topic: Mapping[str, int] | None) -> int | None:
+    """The per-topic partition count that applies to ``name`` (its group's, for a co-partitioned topic)."""
+    by = partitions_by_topic or {}
+    if name in COPARTITIONED:
+        return next((by[n] for n in COPARTITIONED if n in by), None)
+    return by.get(name)
 
 
 async def create_topics(
@@ -323,8 +355,8 @@ async def create_topics(
         with_configs: send per-topic configs (Tansu ignores most of them).
         min_insync_replicas: ``min.insync.replicas`` of the new topics (None: 2 with >= 3 replicas).
         client_kwargs: security settings of the admin client (``BusSettings.kafka_kwargs()``).
-        partitions_by_topic: partitions per short topic name (``GPUWARDEN_TOPIC_PARTITIONS``),
-            before ``partitions``; see :func:`topic_layout`.
+        partitions_by_topic: partitions per short topic name (``GPUWARDEN_TOPIC_PARTITIONS``);
+            ``partitions`` wins over it; see :func:`topic_layout`.
         retention_hours: retention per short topic name (``GPUWARDEN_TOPIC_RETENTION_HOURS``), h.
 
     Returns:
@@ -357,12 +389,13 @@ async def create_topics(
             count, layout = topic_layout(spec, partitions, partitions_by_topic, retention_hours)
             if full in existing:
                 n, parts_now = have.get(full, (rf, count))
-                result[full] = "exists" if n >= rf else f"exists ({n} replicas, fewer than {rf})"
-                if spec.name in (partitions_by_topic or {}) and parts_now != count:
-                    result[full] = (
-                        f"exists ({parts_now} partitions, not the {count} asked: an existing topic is not "
-                        "altered; more partitions move keys between them)"
+                notes = [] if n >= rf else [f"{n} replicas, fewer than {rf}"]
+                if _setting_for(spec.name, partitions_by_topic) is not None and parts_now != count:
+                    notes.append(
+                        f"{parts_now} partitions, not the {count} asked: an existing topic is not altered; "
+                        "more partitions move keys between them"
                     )
+                result[full] = f"exists ({'; '.join(notes)})" if notes else "exists"
                 continue
             configs = layout if with_configs else {}
             if with_configs and rf > 1:
@@ -507,11 +540,19 @@ async def check_topics(
         present = [n for n in names if n in existing]
         if not present:
             return problems
+        counts: dict[str, int] = {}
         for t in await admin.describe_topics(present):
             parts = t.get("partitions") or []
+            counts[t["topic"]] = len(parts)
             n = min((len(p.get("replicas") or []) for p in parts), default=0)
             if n < rf:
                 problems.append(f"{t['topic']}: {n} replicas, fewer than {rf} on a {brokers}-broker cluster")
+        group = {n: counts[prefix + n] for n in COPARTITIONED if prefix + n in counts}
+        if len(set(group.values())) > 1:
+            problems.append(
+                f"{', '.join(COPARTITIONED)} have different partition counts {group}: the correlator joins them "
+                "by partition and will not start (create them with one count: GPUWARDEN_TOPIC_PARTITIONS)"
+            )
         if rf > 1:
             try:
                 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType

@@ -279,7 +279,7 @@ class Correlator:
 
     def release(self) -> list[Output]:
         """Release held records: those the watermark has passed (``known``), and those held
-        longer than ``hold_s`` (``unknown``), each node's in arrival order, all nodes' merged
+        longer than ``hold_s`` (``unknown``), each node's in arrival order, the nodes' merged
         by event time (see :meth:`_release_nodes`)."""
         if not self.held:
             return []
@@ -287,15 +287,19 @@ class Correlator:
 
     def _release_nodes(self, nodes: list[str], wm: float, expired: float) -> list[Output]:
         """Take the releasable prefix of each node's queue, then join the records merged by
-        event time (a node's own order kept, ties in node order).
+        event time (a node's own arrival order kept, ties by node name).
 
         One release can span a whole Slurm poll of event time (50 s at a 50x replay). Node by
         node, one node's records would reach a shared ``gpu.attributed`` partition a poll ahead
         of another's, and a reader that measures silence against the partition's newest time
         (the detector's ``telemetry-silent``) would see the second node fall silent for a
-        moment. Merged, every partition's output of a release is in event-time order."""
+        moment. Merged, the nodes of a release advance together (each node's records are in
+        event-time order as far as its collector sent them so).
+
+        A join that raises loses that record only: the records after it go back to the front
+        of their nodes' queues (held, and holding the commit back) before the error goes on."""
         taken: list[list[tuple[Held, bool]]] = []
-        for node in nodes:
+        for node in sorted(nodes):  # ties go by node name, not by which node was held first
             queue = self.held[node]
             recs: list[tuple[Held, bool]] = []
             over = len(queue) - self.max_held_per_node
@@ -317,11 +321,25 @@ class Correlator:
                 taken.append(recs)
         if not taken:
             return []
-        merged = taken[0] if len(taken) == 1 else heapq.merge(*taken, key=_held_ts)
+        merged = taken[0] if len(taken) == 1 else list(heapq.merge(*taken, key=_held_ts))
         outs: list[Output] = []
-        for rec, known in merged:
-            outs += self._join(rec, known)
+        for k, (rec, known) in enumerate(merged):
+            try:
+                outs += self._join(rec, known)
+            except Exception:
+                self._requeue([r for r, _ in merged[k + 1 :]])
+                raise
         return outs
+
+    def _requeue(self, recs: list[Held]) -> None:
+        """Put records taken for a release back at the front of their nodes' queues, in order."""
+        for rec in reversed(recs):
+            node = rec.model.node
+            queue = self.held.get(node)
+            if queue is None:
+                queue = self.held[node] = deque()
+            queue.appendleft(rec)
+        self.held_count += len(recs)
 
     def held_floor(self, partition: int, kind: str = "gpu.samples") -> int | None:
         """The lowest offset of input topic ``kind``'s ``partition`` still held (the commit

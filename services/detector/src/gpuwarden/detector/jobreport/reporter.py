@@ -43,8 +43,10 @@ class _Job:
     published_as_of: float | None = None
     #: the earliest window start of any GPU (kept as windows come: read per window)
     first_start: float | None = None
-    #: bumped whenever a failure is kept (part of :attr:`unsettled`'s key)
+    #: bumped whenever a failure is kept, or the state replaced (part of :attr:`unsettled`'s key;
+    #: a counter, not an object's id: CPython reuses the id of a freed object)
     failures_version: int = 0
+    state_version: int = 0
     #: the GPU that kept the last :meth:`JobReporter._settled` False, with what it depended on
     #: (``t``, the GPU's window count, failures, state, GPUs known, first start): while they
     #: are unchanged and it has not fallen ``linger_s`` behind, the answer is still False
@@ -225,6 +227,7 @@ class JobReporter:
                 j.last_lens.clear()
                 j.failures_version += 1
             j.state = st
+            j.state_version += 1
             return []
         if j.state is None and not j.series:
             self._jobs.pop(st.job_id, None)
@@ -234,6 +237,7 @@ class JobReporter:
         if not st.gpus and j.state is not None and j.state.gpus:
             st = st.model_copy(update={"gpus": j.state.gpus, "nodes": j.state.nodes})
         j.state = st
+        j.state_version += 1
         rep = build(st, j.series, list(j.failures.values()), self.price, None)
         self._jobs.pop(st.job_id, None)
         j.span, j.dirty, j.pending = (rep.start_ts, rep.as_of), False, False
@@ -357,7 +361,7 @@ class JobReporter:
     @staticmethod
     def _settle_inputs(j: _Job) -> tuple[Any, ...]:
         """What :meth:`_settled` reads of a job besides one GPU's windows and ``t``."""
-        return (j.failures_version, id(j.state), len(j.series), j.first_start)
+        return (j.failures_version, j.state_version, len(j.series), j.first_start)
 
     def report(self, job_id: str, as_of: float | None = None) -> JobReport | None:
         """The job's report now (a running job: up to ``as_of``, default :meth:`as_of`); the
