@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PKGS := -e shared -e services/collector -e services/slurm-watcher -e services/correlator \
         -e services/detector -e services/otlp-bridge -e services/remediator -e services/health-check -e services/console -e .
 
-.PHONY: dist wheelhouse lock dev demo test test-unit test-scored test-integration test-speed check lint docs schemas kafka-fetch clean
+.PHONY: dist wheelhouse lock dev prereqs demo test test-unit test-scored test-integration test-speed check lint docs schemas kafka-fetch clean
 
 # the runtime dependencies at requirements.lock's versions (its pins, without the hashes, as
 # constraints: editable installs cannot be hash-checked), as dist/ installs them
@@ -23,12 +23,16 @@ dev: $(BIN)/gpuwarden
 demo: dev
 	$(BIN)/gpuwarden demo --report demo-report.json
 
+## prereqs: the Debian packages, Java and Maven the tests need (deploy/install-test-prereqs.sh; root when any is missing)
+prereqs:
+	bash deploy/install-test-prereqs.sh
+
 ## test: the whole suite (unit + scored scenarios + integration on real Apache Kafka and a real Slurm)
-test: dev
+test: dev prereqs
 	$(BIN)/python -m pytest -q tests
 
 ## test-unit: the fast layer (about a minute): no broker, no Slurm, no scored scenario runs
-test-unit: dev
+test-unit: dev prereqs
 	$(BIN)/python -m pytest -q -m "not integration and not scored" tests
 
 ## test-scored: the scored scenario suite (every tests/scenarios/*.yaml run in-process and scored)
@@ -36,7 +40,7 @@ test-scored: dev
 	$(BIN)/python -m pytest -q -m "scored and not integration" tests
 
 ## test-integration: real Apache Kafka (or Tansu), real Slurm (root), real OTLP/Prometheus servers
-test-integration: dev
+test-integration: dev prereqs
 	$(BIN)/python -m pytest -q -m integration tests
 
 ## test-speed: every tests/scenarios/*.yaml through the real services at --speed 5 and 50 under a CPU hog:

@@ -113,7 +113,7 @@ def bus_env(kafka_bootstrap: str, topic_prefix: str, monkeypatch: pytest.MonkeyP
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """``prerequisites.needs(path)``: the path must exist (a skip here, a failure under CI)."""
+    """``prerequisites.needs(path)``: the path must exist (else the test fails, naming it)."""
     from prerequisites import need_path
 
     for mark in item.iter_markers("needs_path"):

@@ -1,9 +1,8 @@
-"""What a test needs from outside the checkout, and what happens when it is missing.
-
-A missing prerequisite skips the test on a developer's machine and fails it under CI
-(``CI`` set, as ``.ci/run`` does): CI installs every Debian package of
-``deploy/debian-packages.txt`` and has ``../shared`` beside the clone, so a missing one there
-is a broken CI machine, never a pass.
+"""What a test needs from outside the checkout, and what happens when it is missing: the test
+fails, naming what is missing and how to get it. Nothing is skipped: every prerequisite can be
+had on any machine that runs the suite (``make prereqs`` installs the Debian packages of
+``deploy/debian-packages.txt``, Java and Maven, as ``make test`` and ``.ci/run`` do; ``../shared``
+lies beside every checkout of the project), so a missing one is a broken setup, never a pass.
 """
 
 from __future__ import annotations
@@ -19,10 +18,9 @@ SHARED = Path(__file__).resolve().parents[2] / "shared"
 
 
 def give_up(reason: str) -> NoReturn:
-    """Skip the running test with ``reason``; under CI, fail it instead."""
-    if os.environ.get("CI"):
-        pytest.fail(f"{reason} (CI must have it)")
-    pytest.skip(reason)
+    """Fail the running test with ``reason`` and how to get what is missing."""
+    where = "CI must have it" if os.environ.get("CI") else "`make prereqs` (as root) installs the packages"
+    pytest.fail(f"{reason} ({where})")
 
 
 def need_path(path: Path) -> Path:
@@ -33,6 +31,6 @@ def need_path(path: Path) -> Path:
 
 
 def needs(path: Path) -> pytest.MarkDecorator:
-    """A test marker: before the test runs, :func:`need_path` ``path`` (skip here, fail under CI);
+    """A test marker: before the test runs, :func:`need_path` ``path`` (else the test fails, naming it);
     applied by ``pytest_runtest_setup`` in ``tests/conftest.py``."""
     return pytest.mark.needs_path(path)

@@ -115,7 +115,7 @@ def choose_server(server: str, env: Mapping[str, str], docker: bool, local: bool
 
     Returns:
         ``container`` when containers are chosen; else ``local`` when installed; else ``missing``
-        (the fixture skips, or fails under CI, as before).
+        (the fixture fails, naming the package).
 
     Raises:
         ValueError: a bad ``GPUWARDEN_TEST_SERVERS``.

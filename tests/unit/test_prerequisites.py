@@ -1,4 +1,4 @@
-"""A missing prerequisite skips on a developer's machine and fails under CI."""
+"""A missing prerequisite fails the test, naming it and how to get it; nothing is skipped."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import pytest
 from prerequisites import give_up, need_path
 
 
-def test_a_missing_path_skips_without_ci(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_missing_path_fails_without_ci_too(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("CI", raising=False)
-    with pytest.raises(pytest.skip.Exception, match="absent"):
+    with pytest.raises(pytest.fail.Exception, match="absent"):
         need_path(tmp_path / "nope")
+    with pytest.raises(pytest.fail.Exception, match="make prereqs"):
+        give_up("promtool not installed")
 
 
 def test_a_missing_path_fails_under_ci(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
