@@ -23,7 +23,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .topics import COPARTITIONED, TOPICS, check_topic_overrides, replication_plan, topic_layout
+from .topics import COPARTITIONED, TOPICS, check_topic_overrides, partitions_setting, replication_plan, topic_layout
 
 __all__ = [
     "SIZES",
@@ -180,7 +180,7 @@ def plan_topics(
         else:
             n = RARE_PER_NODE_DAY.get(spec.name, 0.0) * nodes
             basis = f"assumed {RARE_PER_NODE_DAY.get(spec.name, 0.0):g} per node per day"
-        _, configs = topic_layout(spec, retention_hours=retention_hours)
+        count, configs = topic_layout(spec, partitions, partitions_by_topic, retention_hours)
         if rf > 1:
             configs["min.insync.replicas"] = str(isr)
         per_day = _per_day(spec.name)
@@ -191,8 +191,8 @@ def plan_topics(
         need = (
             max(auto.values()) if spec.name in COPARTITIONED else max(spec.partitions, partitions_for(per_day / DAY_S))
         )
-        count, _ = topic_layout(spec, partitions, partitions_by_topic)
-        count = count if partitions or _setting_given(spec.name, partitions_by_topic) else need
+        if not partitions and partitions_setting(spec.name, partitions_by_topic) is None:
+            count = need  # nothing set: the plan's own count
         if count < need:
             basis += f"; {count} partitions as set, the plan alone gives {need} (1 MB/s per partition)"
         out.append(
@@ -327,9 +327,3 @@ def human_bytes(n: float) -> str:
 def partitions_for(bytes_per_s: float, mb_per_partition_s: float = 1.0) -> int:
     """Partitions a topic of ``bytes_per_s`` wants at ``mb_per_partition_s`` MB/s per partition."""
     return max(1, math.ceil(bytes_per_s / (mb_per_partition_s * 1e6)))
-
-
-def _setting_given(name: str, partitions_by_topic: Mapping[str, int] | None) -> bool:
-    """Whether the per-topic setting gives ``name`` a count (a co-partitioned topic: any of its group)."""
-    by = partitions_by_topic or {}
-    return any(n in by for n in COPARTITIONED) if name in COPARTITIONED else name in by

@@ -33,6 +33,7 @@ __all__ = [
     "check_topics",
     "create_topics",
     "low_min_insync",
+    "partitions_setting",
     "prefix_hint",
     "replication_plan",
     "topic",
@@ -316,7 +317,7 @@ def topic_layout(
     setting (for a :data:`COPARTITIONED` topic, the count any of the group is given), else the
     registry's. Configs: the registry's, with ``retention.ms`` from ``retention_hours`` where it
     names the topic."""
-    n = partitions or _setting_for(spec.name, partitions_by_topic) or spec.partitions
+    n = partitions or partitions_setting(spec.name, partitions_by_topic) or spec.partitions
     configs = dict(spec.configs)
     hours = (retention_hours or {}).get(spec.name)
     if hours is not None:
@@ -324,7 +325,7 @@ def topic_layout(
     return n, configs
 
 
-def _setting_for(name: str, partitions_by_topic: Mapping[str, int] | None) -> int | None:
+def partitions_setting(name: str, partitions_by_topic: Mapping[str, int] | None) -> int | None:
     """The per-topic partition count that applies to ``name`` (its group's, for a co-partitioned topic)."""
     by = partitions_by_topic or {}
     if name in COPARTITIONED:
@@ -390,7 +391,7 @@ async def create_topics(
             if full in existing:
                 n, parts_now = have.get(full, (rf, count))
                 notes = [] if n >= rf else [f"{n} replicas, fewer than {rf}"]
-                if _setting_for(spec.name, partitions_by_topic) is not None and parts_now != count:
+                if partitions_setting(spec.name, partitions_by_topic) is not None and parts_now != count:
                     notes.append(
                         f"{parts_now} partitions, not the {count} asked: an existing topic is not altered; "
                         "more partitions move keys between them"
