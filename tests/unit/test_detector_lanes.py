@@ -90,3 +90,28 @@ def test_the_two_copies_of_an_event_give_one_failure(raw_first: bool) -> None:
     assert len(fails) == 1
     assert fails[0].failure_id == stable_id("xid-79-fallen-off-bus", "gpu-node-002", 3, 1000.0)
     assert fails[0].occurrences == 1  # the second copy is not counted as a repeat
+
+
+@pytest.mark.parametrize("own_view", ["none", "other job"])
+def test_the_correlators_copy_names_the_job_when_the_raw_copy_had_none_or_another(own_view: str) -> None:
+    """One place attributes: with several detector workers a worker reads only its share of
+    ``slurm.jobs``, so its own view may know no job, or a stale one, for the raw copy. The
+    correlator's attributed copy then re-emits the same failure (same id) with its job; a
+    redelivery of it, or a raw copy after it, changes nothing."""
+    svc, out = _service()
+    if own_view == "other job":
+        asyncio.run(svc.handle("slurm.jobs", _job().model_copy(update={"job_id": "999", "user": "old"})))
+    job = GpuAttribution(gpu_index=3, job_id="1001", user="user1", partition="gpu", job_gpus=4)
+    asyncio.run(svc.handle("gpu.events", _event()))
+    first = out.of("failures")
+    assert [f.job_id for f in first] == ([None] if own_view == "none" else ["999"])
+    for topic, value in [
+        ("gpu.events.attributed", AttributedEvent(event=_event(), job=job)),
+        ("gpu.events.attributed", AttributedEvent(event=_event(), job=job)),  # redelivery
+        ("gpu.events", _event()),
+    ]:
+        asyncio.run(svc.handle(topic, value))
+    fails = out.of("failures")
+    assert len(fails) == 2
+    assert {f.failure_id for f in fails} == {first[0].failure_id}
+    assert (fails[-1].job_id, fails[-1].user, fails[-1].occurrences) == ("1001", "user1", 1)

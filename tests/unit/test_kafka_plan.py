@@ -30,9 +30,13 @@ def test_every_topic_is_planned_with_the_leases_and_replicas_of_the_cluster() ->
 def test_volume_scales_with_the_fleet_and_the_samples_dominate() -> None:
     small = {p.short: p for p in plan_topics(100, sizes={"gpu.samples": 10_000.0})}
     big = {p.short: p for p in plan_topics(1000, sizes={"gpu.samples": 10_000.0})}
+    alone = {p.short: p for p in plan_topics(1000, sizes={"gpu.samples": 10_000.0, "gpu.attributed": 1.0})}
     assert small["gpu.samples"].bytes_per_day == 100 * 86_400 * 10_000.0
     assert big["gpu.samples"].bytes_per_day == pytest.approx(10 * small["gpu.samples"].bytes_per_day)
-    assert big["gpu.samples"].partitions == 10  # 10 MB/s at 1 MB/s per partition
+    assert alone["gpu.samples"].partitions == 10  # 10 MB/s at 1 MB/s per partition
+    # gpu.attributed (the same samples with their jobs) is larger, and its group shares its count
+    assert big["gpu.attributed"].bytes_per_day > big["gpu.samples"].bytes_per_day
+    assert big["gpu.samples"].partitions == big["gpu.attributed"].partitions > 10
     assert small["gpu.samples"].partitions == TOPICS["gpu.samples"].partitions
     # the compacted changelog holds one snapshot per node, not a day of them
     cl = big["correlator.windows"]

@@ -23,7 +23,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .topics import COPARTITIONED, TOPICS, check_topic_overrides, partitions_setting, replication_plan, topic_layout
+from .topics import TOPICS, check_topic_overrides, copartition_group, partitions_setting, replication_plan, topic_layout
 
 __all__ = [
     "SIZES",
@@ -170,9 +170,9 @@ def plan_topics(
         n = rate[name][0] if name in rate else RARE_PER_NODE_DAY.get(name, 0.0) * nodes
         return n * size[name]
 
-    # one count for the co-partitioned topics: the largest any of them needs (the correlator
-    # joins them by partition)
-    auto = {name: max(TOPICS[name].partitions, partitions_for(_per_day(name) / DAY_S)) for name in COPARTITIONED}
+    # one count for each co-partitioned group: the largest any of its topics needs (a key's
+    # records of all of them are read by one worker, by partition number)
+    auto = {name: max(TOPICS[name].partitions, partitions_for(_per_day(name) / DAY_S)) for name in TOPICS}
     out: list[TopicPlan] = []
     for spec in TOPICS.values():
         if spec.name in rate:
@@ -188,9 +188,7 @@ def plan_topics(
             stored = nodes * size[spec.name]  # the latest snapshot per node
         else:
             stored = per_day * int(configs.get("retention.ms", str(7 * 86_400_000))) / 86_400_000
-        need = (
-            max(auto.values()) if spec.name in COPARTITIONED else max(spec.partitions, partitions_for(per_day / DAY_S))
-        )
+        need = max(auto[n] for n in copartition_group(spec.name) or (spec.name,))
         if not partitions and partitions_setting(spec.name, partitions_by_topic) is None:
             count = need  # nothing set: the plan's own count
         if count < need:

@@ -12,6 +12,7 @@ import contextlib
 import hmac
 import logging
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -144,6 +145,9 @@ class Service:
         self.http = HttpEndpoint(settings.http_host, settings.http_port, self.metrics, self.health,
                                  token.get_secret_value() if token is not None else None)  # fmt: skip
         self._consumers: list[Consumer] = []
+        #: this instance among the service's workers: every consumer it builds sends it to its
+        #: group's assignor, so its lanes get the same partition numbers (gpuwarden.shared.bus.assignor)
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self._tasks: list[asyncio.Task[Any]] = []
         self._consumer_tasks: dict[int, asyncio.Task[Any]] = {}
         self._started = False
@@ -320,6 +324,7 @@ class Service:
             listener=listener,
             commit_interval_s=commit_interval_s,
             fetch_min_bytes=fetch_min_bytes,
+            worker_id=self.worker_id,
         )
         c.checkpoint = checkpoint
         self._consumers.append(c)

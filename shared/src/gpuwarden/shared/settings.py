@@ -226,9 +226,11 @@ class TopicSettings(BaseSettings):
         default_factory=dict,
         json_schema_extra={"doc_default": "{} (the registry's)"},
         description="Partitions per topic that `gpuwarden topics create` creates and `topics plan` prints, as JSON "
-        'by short name, e.g. {"gpu.samples": 24, "gpu.attributed": 24}; the others keep the registry\'s (README '
-        "topic table; the plan raises a topic past 1 MB/s per partition). gpu.samples, gpu.events and "
-        "correlator.windows share one count (the correlator joins them by partition): naming one sets all three. "
+        'by short name, e.g. {"gpu.samples": 24}; the others keep the registry\'s (README '
+        "topic table; the plan raises a topic past 1 MB/s per partition). The node-keyed stream topics "
+        "(gpu.samples, gpu.events, correlator.windows, gpu.attributed, gpu.events.attributed, slurm.nodes, "
+        "health) share one count, and slurm.jobs and job.windows another (a key's records of all of them are "
+        "read by one worker, by partition number): naming one sets its group. "
         "`topics create --partitions N` overrides it. An existing topic is never altered",
     )
     topic_retention_hours: dict[str, Annotated[float, Strict()]] = Field(

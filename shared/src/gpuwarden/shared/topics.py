@@ -25,12 +25,14 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "COPARTITIONED",
+    "COPARTITION_GROUPS",
     "MAX_RETENTION_MS",
     "TOPICS",
     "TopicSpec",
     "TopicsMissing",
     "check_topic_overrides",
     "check_topics",
+    "copartition_group",
     "create_topics",
     "low_min_insync",
     "partitions_setting",
@@ -202,7 +204,7 @@ TOPICS: dict[str, TopicSpec] = {
             "health",
             "node",
             m.HealthCheckResult,
-            3,
+            6,
             "prolog/epilog health check results",
             {"retention.ms": _WEEK_MS},
             producers=("health-check",),
@@ -258,9 +260,35 @@ def replication_plan(
     return rf, isr
 
 
-#: Topics that must have one partition count: the correlator finds a node's changelog partition
-#: and its events by the partition of its samples (same key, same partitioner).
-COPARTITIONED: tuple[str, ...] = ("gpu.samples", "gpu.events", "correlator.windows")
+#: Topics that keep one partition count, by the key they share: a key's partition number is
+#: then the same in each (one partitioner), and a worker gets a key's records of all of them
+#: (:class:`~gpuwarden.shared.bus.assignor.AffinityAssignor`, also across a service's consumer
+#: groups). ``node``: the correlator finds a node's changelog partition and events by its
+#: samples' partition (it will not start when ``gpu.samples`` and ``correlator.windows``
+#: differ), and the detector's two lanes read a node's samples, events, node state and health
+#: checks on one worker. ``job``: a job's windows and its Slurm states meet on one detector
+#: worker (its verdict needs both).
+COPARTITION_GROUPS: dict[str, tuple[str, ...]] = {
+    "node": (
+        "gpu.samples",
+        "gpu.events",
+        "correlator.windows",
+        "gpu.attributed",
+        "gpu.events.attributed",
+        "slurm.nodes",
+        "health",
+    ),
+    "job": ("slurm.jobs", "job.windows"),
+}
+#: The node-keyed group of :data:`COPARTITION_GROUPS`.
+COPARTITIONED: tuple[str, ...] = COPARTITION_GROUPS["node"]
+
+
+def copartition_group(name: str) -> tuple[str, ...]:
+    """The :data:`COPARTITION_GROUPS` entry holding short topic name ``name`` (empty when none)."""
+    return next((g for g in COPARTITION_GROUPS.values() if name in g), ())
+
+
 #: Largest ``retention.ms`` Kafka takes (a Java long), ms.
 MAX_RETENTION_MS = 2**63 - 1
 
@@ -296,12 +324,13 @@ def check_topic_overrides(
                 bad.append(f"retention of {name} must be a finite number of hours, 1 ms to 2^63-1 ms, got {value!r}")
             elif what == "retention" and spec.configs.get("cleanup.policy") == "compact":
                 bad.append(f"{name} is compacted (its latest record per key is kept): it has no retention to set")
-    group = {n: c for n, c in (partitions or {}).items() if n in COPARTITIONED}
-    if len(set(group.values())) > 1:
-        bad.append(
-            f"{', '.join(COPARTITIONED)} must have one partition count (the correlator joins them by partition), "
-            f"got {group}: name one of them"
-        )
+    for members in COPARTITION_GROUPS.values():
+        group = {n: c for n, c in (partitions or {}).items() if n in members}
+        if len(set(group.values())) > 1:
+            bad.append(
+                f"{', '.join(members)} must have one partition count (a key's records of all of them are read "
+                f"by one worker, by partition number), got {group}: name one of them"
+            )
     if bad:
         raise ValueError("; ".join(bad))
 
@@ -314,7 +343,7 @@ def topic_layout(
 ) -> tuple[int, dict[str, str]]:
     """Partitions and configs a topic is created with. Partitions: ``partitions`` (one count for
     every topic: ``topics create --partitions``, tests, small brokers), else the per-topic
-    setting (for a :data:`COPARTITIONED` topic, the count any of the group is given), else the
+    setting (for a topic of :data:`COPARTITION_GROUPS`, the count any of its group is given), else the
     registry's. Configs: the registry's, with ``retention.ms`` from ``retention_hours`` where it
     names the topic."""
     n = partitions or partitions_setting(spec.name, partitions_by_topic) or spec.partitions
@@ -328,9 +357,7 @@ def topic_layout(
 def partitions_setting(name: str, partitions_by_topic: Mapping[str, int] | None) -> int | None:
     """The per-topic partition count that applies to ``name`` (its group's, for a co-partitioned topic)."""
     by = partitions_by_topic or {}
-    if name in COPARTITIONED:
-        return next((by[n] for n in COPARTITIONED if n in by), None)
-    return by.get(name)
+    return next((by[n] for n in copartition_group(name) or (name,) if n in by), None)
 
 
 async def create_topics(
@@ -548,12 +575,15 @@ async def check_topics(
             n = min((len(p.get("replicas") or []) for p in parts), default=0)
             if n < rf:
                 problems.append(f"{t['topic']}: {n} replicas, fewer than {rf} on a {brokers}-broker cluster")
-        group = {n: counts[prefix + n] for n in COPARTITIONED if prefix + n in counts}
-        if len(set(group.values())) > 1:
-            problems.append(
-                f"{', '.join(COPARTITIONED)} have different partition counts {group}: the correlator joins them "
-                "by partition and will not start (create them with one count: GPUWARDEN_TOPIC_PARTITIONS)"
-            )
+        for key, members in COPARTITION_GROUPS.items():
+            group = {n: counts[prefix + n] for n in members if prefix + n in counts}
+            if len(set(group.values())) > 1:
+                problems.append(
+                    f"{', '.join(members)} have different partition counts {group}: a {key}'s records of them "
+                    "no longer meet on one worker (the correlator will not start when gpu.samples and "
+                    "correlator.windows differ; the detector's lanes read one node on two workers). Create "
+                    "them with one count: GPUWARDEN_TOPIC_PARTITIONS"
+                )
         if rf > 1:
             try:
                 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType

@@ -113,6 +113,8 @@ class EventEpisodes:
             if ep is not None and 0 <= ev.ts - ep.last_seen <= ep.rule.burst_window_s:
                 return self._fold(ep, ev, evidence)
         job = msg.job
+        if job is not None and (out := self._take_attribution(rule, ev, job)) is not None:
+            return out
         if job is None and ev.gpu_index is not None:
             job = self._job_at(ev.node, ev.gpu_index, ev.ts)
         if job is None and ev.gpu_index is None:
@@ -121,6 +123,20 @@ class EventEpisodes:
         for rr in self.catalog.repeat_rules(ev.code):
             out.extend(self._repeat(rr, ev, job, evidence))
         return out
+
+    def _take_attribution(self, rule: Rule, ev: GpuEvent, job: GpuAttribution) -> list[Failure] | None:
+        """The correlator's copy of an event that an open episode already counted (its raw copy
+        came first): the correlator's job is the one attribution (one place attributes), so an
+        episode opened without a job, or with another job from this detector's own view of
+        ``slurm.jobs`` (with several workers, only its share of the jobs), takes it and is
+        re-emitted (same ``failure_id``). None: not such a copy (the caller goes on)."""
+        ep = self.episodes.get((rule.id, ev.node, _gpu_key(ev)))
+        if ep is None or (ev.event_id != ep.first.event_id and ev.event_id not in ep.seen):
+            return None
+        if ep.job is not None and ep.job.job_id == job.job_id:
+            return []  # the same job: nothing new
+        ep.job = job
+        return [self._emit(ep)]
 
     def _observe(self, rule: Rule, ev: GpuEvent, job: GpuAttribution | None, evidence: Evidence) -> list[Failure]:
         key = (rule.id, ev.node, _gpu_key(ev))

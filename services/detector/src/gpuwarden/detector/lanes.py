@@ -17,6 +17,15 @@ the failure is the same whichever copy comes first.
 
 Both lanes run in one event loop over one :class:`~gpuwarden.detector.engine.Detector`: no
 locks, and the state the event rules read (allocations, GPU identities) is the same object.
+
+With several detector workers, both lanes of one worker send their groups the same worker id and
+the ``gpuwarden-affinity`` assignor (:mod:`gpuwarden.shared.bus.assignor`) gives each worker the
+same partition numbers in both groups. The node-keyed topics keep one partition count
+(:data:`~gpuwarden.shared.topics.COPARTITION_GROUPS`), so a node's samples, events, node states
+and health checks reach one worker, and a job's windows and Slurm states another (or the same).
+Each worker still sees only its share of ``slurm.jobs``: a raw event of a node whose job another
+worker's partitions carry gets its job from the correlator's attributed copy
+(:meth:`~gpuwarden.detector.engine.Detector.on_event` re-emits the failure with it).
 """
 
 from __future__ import annotations

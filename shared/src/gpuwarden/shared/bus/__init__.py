@@ -9,7 +9,8 @@ Modules: :mod:`.producer` (:class:`Publisher`, :class:`MemoryPublisher`, :class:
 :mod:`.consumer` (:class:`Consumer`), :mod:`.clients` (the only place aiokafka clients are
 built: :func:`kafka_consumer`, :func:`kafka_producer`, :func:`kafka_admin`, :func:`kafka_client`),
 :mod:`.codec` (:func:`decode`), :mod:`.deadletter` (:func:`dead_letter_of` and the size limits),
-:mod:`.errors`.
+:mod:`.assignor` (the partition assignor that gives one worker the same partition numbers in all
+of its consumer groups), :mod:`.errors`.
 """
 
 from __future__ import annotations

@@ -9,12 +9,14 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import KafkaError
 from pydantic import BaseModel, ValidationError
 
 from ..contract import ContractError, EdgeCheck
 from ..metrics import ServiceMetrics
 from ..settings import BusSettings
+from .assignor import AffinityAssignor
 from .clients import kafka_consumer
 from .codec import decode
 from .deadletter import MAX_MESSAGE_BYTES, dead_letter_of
@@ -66,6 +68,7 @@ class Consumer:
         listener: Any = None,
         commit_interval_s: float = 0.0,
         fetch_min_bytes: int = 1,
+        worker_id: str | None = None,
     ) -> None:
         self._settings = settings
         self.service = service
@@ -110,6 +113,9 @@ class Consumer:
         self.handled = 0
         self.handed_back = 0
         self.assigned = asyncio.Event()
+        #: the service instance's id for :class:`~.assignor.AffinityAssignor` (None: aiokafka's
+        #: round robin alone)
+        self.worker_id = worker_id
 
     async def start(self) -> None:
         if self._consumer is not None:
@@ -128,6 +134,13 @@ class Consumer:
             # > 1: the broker answers a fetch when this much is there or 100 ms passed (fewer,
             # larger batches for a high-volume lane; at most 100 ms more latency)
             fetch_min_bytes=self._fetch_min_bytes,
+            # a worker's lanes (one group each) get the same partition numbers: a node's samples
+            # and events meet on one worker; round robin for members of an older version
+            partition_assignment_strategy=(
+                (AffinityAssignor(self.worker_id), RoundRobinPartitionAssignor)
+                if self.worker_id
+                else (RoundRobinPartitionAssignor,)
+            ),
         )
         try:
             await c.start()
@@ -209,6 +222,15 @@ class Consumer:
         across a rebalance checks it before it changes state for that partition)."""
         c = self._consumer
         return c is not None and TopicPartition(rec.topic, rec.partition) in c.assignment()
+
+    def assignment(self) -> dict[str, list[int]]:
+        """The partitions assigned to this member now, by short topic name (empty before
+        :meth:`start` and between a revocation and the next assignment)."""
+        c = self._consumer
+        out: dict[str, list[int]] = {}
+        for tp in c.assignment() if c is not None else ():
+            out.setdefault(self._short.get(tp.topic, tp.topic), []).append(tp.partition)
+        return {t: sorted(ps) for t, ps in sorted(out.items())}
 
     async def lag(self) -> dict[str, int]:
         """Consumer lag per short topic name (messages), summed over assigned partitions."""
