@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -192,17 +193,76 @@ def test_one_idle_gpu_of_eight_stays_a_gpu_finding() -> None:
     assert f.gpu_index == 6
 
 
+def _idle(nodes: list[str], gpus: tuple[int, ...] = (4, 5, 6, 7), first: float = T0) -> list[Failure]:
+    return [_failure("partial-idle-allocation", gpu_index=i, node=n, first=first) for n in nodes for i in gpus]
+
+
+def test_most_nodes_of_a_job_idle_alike_are_one_job_level_finding() -> None:
+    """Issue 24, scope aggregation: half the GPUs idle on 3 of the 4 nodes of job 77 is one
+    job-level finding naming the nodes (hostlist) and their GPUs, costed over the 12 GPUs; it
+    resolves once, when the last member does."""
+    from gpuwarden.shared.models import stable_id
+
+    stage, explain, ctx = PendingStage(), load_catalog().explanations(), _Ctx(gpus=8, nodes=4)
+    idle = _idle(["gpu-node-003", "gpu-node-001", "gpu-node-002"])
+    [job] = stage.release(idle, T0 + 100, explain, ctx)
+    assert (job.node, job.gpu_index, job.job_id) == ("gpu-node-001", None, "77")
+    assert job.failure_id == stable_id("partial-idle-allocation", "job", "77", T0)
+    assert job.cost.affected_gpus == 12
+    assert "gpu-node-[001-003]" in job.verdict and "4,5,6,7" in job.verdict
+    ev = {(e.signal, e.source): e.value for e in job.evidence}
+    assert ev[("nodes", "3 nodes, 12 GPUs of job 77")] == "gpu-node-[001-003]"
+    assert ev[("gpus", "gpu-node-002")] == "4,5,6,7"
+    res = [m.model_copy(update={"state": FailureState.RESOLVED, "last_seen": T0 + 400}) for m in idle]
+    out = stage.release(res[:-1], T0 + 400, explain, ctx)
+    assert all(f.state is FailureState.OPEN for f in out)
+    out = stage.release(res[-1:], T0 + 401, explain, ctx)
+    assert [(f.failure_id, f.state) for f in out] == [(job.failure_id, FailureState.RESOLVED)]
+
+
+def test_a_node_that_idles_later_joins_the_open_job_level_finding() -> None:
+    stage, explain, ctx = PendingStage(), load_catalog().explanations(), _Ctx(gpus=8, nodes=4)
+    [job] = stage.release(_idle(["gpu-node-001", "gpu-node-002"]), T0 + 100, explain, ctx)
+    out = stage.release(_idle(["gpu-node-004"], first=T0 + 30), T0 + 200, explain, ctx)
+    assert [f.failure_id for f in out] == [job.failure_id]
+    assert "gpu-node-[001-002,004]" in out[-1].verdict and out[-1].cost.affected_gpus == 12
+
+
+@pytest.mark.parametrize("nodes_in_job", [4, 0])
+def test_one_node_of_a_job_idle_stays_a_node_level_finding(nodes_in_job: int) -> None:
+    """Below the job share (1 of 4 nodes; or the job's size unknown, one node with the finding
+    is not two) the node-level group of ``aggregate: node`` applies."""
+    stage, explain = PendingStage(), load_catalog().explanations()
+    [node] = stage.release(_idle(["gpu-node-002"]), T0 + 100, explain, _Ctx(gpus=8, nodes=nodes_in_job))
+    assert (node.node, node.gpu_index) == ("gpu-node-002", None)
+    assert not any(e.signal == "nodes" for e in node.evidence)
+
+
+def test_a_job_level_aggregate_is_refused_on_a_rule_that_acts_on_a_node() -> None:
+    from pydantic import ValidationError
+
+    from gpuwarden.detector.conditions import ConditionRule
+
+    rule = next(r for r in load_catalog().conditions if r.id == "partial-idle-allocation")
+    with pytest.raises(ValidationError, match="aggregate job needs action alert or none"):
+        ConditionRule.model_validate({**rule.model_dump(), "action": "drain"})
+
+
 # -- the property: no "resolved" without its "open", nothing out for what was folded ------------
 class _Ctx:
-    def __init__(self, gpus: int = 8) -> None:
+    def __init__(self, gpus: int = 8, nodes: int = 1) -> None:
         self.gpus = gpus
+        self.nodes = nodes
         self.d = Detector(load_catalog())
 
     def gpus_in_job(self, node: str, job_id: str | None) -> int:
         return self.gpus
 
-    def aggregate(self, members: list[Failure], state: FailureState) -> Failure:
-        return self.d.aggregate(members, state)
+    def nodes_in_job(self, job_id: str) -> int:
+        return self.nodes
+
+    def aggregate(self, members: list[Failure], state: FailureState, scope: str = "node") -> Failure:
+        return self.d.aggregate(members, state, scope)
 
 
 def _failure(
@@ -296,7 +356,7 @@ def test_every_explain_block_names_known_rules_and_no_cycle() -> None:
 
     ex = _CATALOG.explanations()
     assert ex["gpu-missing"].by == ["xid-79-fallen-off-bus"] and ex["gpu-missing"].scope == "node"
-    assert ex["partial-idle-allocation"].aggregate == "node"
+    assert ex["partial-idle-allocation"].aggregate == "job"
     text = (
         "version: 1\nrules:\n"
         "  - {id: a, pattern: xid-other, category: driver, severity: warning, action: alert, verdict: x,\n"

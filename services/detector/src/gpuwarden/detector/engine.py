@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import hostlist
+
 from gpuwarden.shared.allocations import (
     ACTIVE_STATES,
     PENDING_STATES,
@@ -53,6 +55,7 @@ from gpuwarden.shared.models import (
     JobState,
     JobWindow,
     NodeState,
+    stable_id,
 )
 
 from . import snapshot as snapshot_format
@@ -285,10 +288,18 @@ class Detector(EventEpisodes, JobWindows):
                 return len(a.gpus)
         return max(1, self._gpu_count_max.get(node, 1))
 
-    def aggregate(self, members: list[Failure], state: FailureState) -> Failure:
+    def nodes_in_job(self, job_id: str) -> int:
+        """Nodes that Slurm's allocations give ``job_id`` (0 when this detector has not seen the
+        job's state: with several workers, another holds its share of ``slurm.jobs``)."""
+        return sum(1 for allocs in self._allocs.values() if job_id in allocs)
+
+    def aggregate(self, members: list[Failure], state: FailureState, scope: str = "node") -> Failure:
         """One node-level failure for GPU findings of one rule, node and job: ``gpu_index``
         None, the GPUs named in the verdict and the evidence, cost over all of them, first seen
-        the earliest member's."""
+        the earliest member's. ``scope="job"``: GPU findings of one rule and job on several
+        nodes (:meth:`aggregate_job`)."""
+        if scope == "job":
+            return self.aggregate_job(members, state)
         first = min(members, key=lambda m: (m.first_seen, m.gpu_index or 0))
         rule = self._conditions.get(first.rule_id) or next(r for r in self.catalog.rules if r.id == first.rule_id)
         gpus = sorted({m.gpu_index for m in members if m.gpu_index is not None})
@@ -327,6 +338,82 @@ class Detector(EventEpisodes, JobWindows):
             gpus=gpus,
         )
         return render(rule, finding, self.price, rule.cost.scope)
+
+    def aggregate_job(self, members: list[Failure], state: FailureState) -> Failure:
+        """One job-level failure for GPU findings of one rule and job on several nodes: ``node``
+        the first of them (sorted), ``gpu_index`` None, the nodes as a Slurm hostlist in the
+        verdict, one evidence entry per node with its GPUs, cost over every member GPU, id
+        ``stable_id(rule, "job", job id, first seen)``."""
+        first = min(members, key=lambda m: (m.first_seen, m.node, m.gpu_index or 0))
+        rule = self._conditions.get(first.rule_id) or next(r for r in self.catalog.rules if r.id == first.rule_id)
+        by_node: dict[str, set[int]] = {}
+        for m in members:
+            by_node.setdefault(m.node, set()).update([m.gpu_index] if m.gpu_index is not None else [])
+        nodes = sorted(by_node)
+        where = hostlist.collect_hostlist(nodes)
+        n_gpus = sum(len(g) for g in by_node.values())
+        shapes = {tuple(sorted(g)) for g in by_node.values()}
+        evidence = [
+            Evidence(
+                signal="nodes",
+                value=where,
+                unit=None,
+                threshold=None,
+                ts=first.first_seen,
+                source=f"{len(nodes)} nodes, {n_gpus} GPUs of job {first.job_id}",
+            ),
+            *[
+                Evidence(
+                    signal="gpus",
+                    value=",".join(map(str, sorted(by_node[n]))),
+                    unit=None,
+                    threshold=None,
+                    ts=first.first_seen,
+                    source=n,
+                )
+                for n in nodes
+            ],
+            *[e for m in members for e in m.evidence[:1]],
+        ][:MAX_EVIDENCE]
+        job = (
+            GpuAttribution(
+                gpu_index=min(by_node[first.node] or {0}),
+                job_id=first.job_id,
+                user=first.user,
+                partition=first.partition,
+            )
+            if first.job_id
+            else None
+        )
+        last = first.evidence[-1] if first.evidence else None
+        message = f"{n_gpus} GPUs on {len(nodes)} nodes" + (
+            f": {last.signal}={last.value}{' ' + last.unit if last.unit else ''}" if last else ""
+        )
+        finding = Finding(
+            node=where,
+            gpu_index=None,
+            first_seen=first.first_seen,
+            last_seen=max(m.last_seen for m in members),
+            occurrences=sum(m.occurrences for m in members),
+            evidence=evidence,
+            job=job,
+            message=message,
+            state=state,
+            # the same GPUs on every node: named; else every index that idles somewhere
+            gpus=sorted({g for s in by_node.values() for g in s}) if len(shapes) > 1 else sorted(next(iter(shapes))),
+        )
+        f = render(rule, finding, self.price, rule.cost.scope)
+        affected = f.cost.affected_gpus if rule.cost.scope == "job" else n_gpus
+        hours = max(0.0, f.last_seen - f.first_seen) / 3600.0
+        cost = f.cost.model_copy(
+            update={
+                "affected_gpus": affected,
+                "usd_per_hour": round(affected * self.price, 4),
+                "gpu_hours_lost": round(affected * hours, 6),
+            }
+        )
+        fid = stable_id(rule.id, "job", first.job_id, first.first_seen)
+        return f.model_copy(update={"node": nodes[0], "failure_id": fid, "cost": cost})
 
     # -- helpers ---------------------------------------------------------------------
     def _node_conditions(self, node: str, ts: float, gpu_count: int, partition: int | None) -> list[Failure]:

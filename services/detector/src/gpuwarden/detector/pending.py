@@ -7,7 +7,9 @@ opening or updating, a condition opening, updating or resolving, a job-window ru
 passed its ``first_seen + window_s``; then, in deadline order, it is
 
 * **merged** into one node-level failure with the other GPUs of the same node and job that have
-  the same finding (``aggregate: node``, at least ``share`` of the job's GPUs on the node);
+  the same finding (``aggregate: node``, at least ``share`` of the job's GPUs on the node), or into
+  one job-level failure with the job's other nodes that have it so (``aggregate: job``, at least
+  ``job_share`` of the job's nodes, two at least);
 * **folded** into the failure that explains it (a finding of one of ``by`` within ``window_s`` in
   the ``scope``): its evidence joins that failure, which is re-emitted (same ``failure_id``), and
   nothing of its own is ever published; or
@@ -51,8 +53,13 @@ class StageContext(Protocol):
         """GPUs of ``job_id`` on ``node`` (the node's GPU count when unknown), >= 1."""
         ...
 
-    def aggregate(self, members: list[Failure], state: FailureState) -> Failure:
-        """One node-level failure for ``members`` (one rule, one node, one job; several GPUs)."""
+    def nodes_in_job(self, job_id: str) -> int:
+        """Nodes of ``job_id`` as far as Slurm's allocations tell (0 when unknown)."""
+        ...
+
+    def aggregate(self, members: list[Failure], state: FailureState, scope: str = "node") -> Failure:
+        """One failure for ``members`` (one rule, one job; several GPUs): node-level (one node) or
+        job-level (``scope="job"``, several nodes)."""
         ...
 
 
@@ -65,11 +72,12 @@ class _Held:
 
 @dataclass
 class _Group:
-    """A node-level failure built from GPU findings (``aggregate: node``)."""
+    """A node-level (``aggregate: node``) or job-level (``aggregate: job``) failure built from GPU findings."""
 
     members: dict[str, Failure] = field(default_factory=dict)  # member failure id -> latest version
-    failure: Failure | None = None  # the node-level failure last published
+    failure: Failure | None = None  # the node- or job-level failure last published
     last_emitted: float = 0.0
+    scope: str = "node"  # or "job" (a snapshot from before job-level groups has none: the class default)
 
 
 def _pci(f: Failure) -> str | None:
@@ -170,7 +178,11 @@ class PendingStage:
         h = self.held[fid]
         f = h.latest_open
         ex = explain[f.rule_id]
-        if ex.aggregate == "node":
+        if ex.aggregate == "job":
+            grouped = self._aggregate_job(fid, ex, ctx)
+            if grouped is not None:
+                return grouped
+        if ex.aggregate is not None:
             grouped = self._aggregate(fid, ex, ctx)
             if grouped is not None:
                 return grouped
@@ -242,6 +254,7 @@ class PendingStage:
             g = grp.failure
             if (
                 g is not None
+                and grp.scope == "node"
                 and g.rule_id == f.rule_id
                 and g.node == f.node
                 and g.job_id == f.job_id
@@ -263,18 +276,63 @@ class PendingStage:
         need = max(2, math.ceil(ex.share * max(1, ctx.gpus_in_job(f.node, f.job_id))))
         if len(gpus) < need:
             return None
+        return self._new_group(peers, ctx, "node")
+
+    def _aggregate_job(self, fid: str, ex: Explain, ctx: StageContext) -> list[Failure] | None:
+        """``fid`` and the held candidates of its rule and job within the window as one job-level
+        failure, when at least ``job_share`` of the job's nodes (two at least) each have at least
+        ``share`` of their GPUs of the job among them; or joining the open job-level failure of the
+        rule and job. None: neither (the caller tries a node-level group)."""
+        f = self.held[fid].latest_open
+        if f.job_id is None or f.gpu_index is None:
+            return None
+        w = ex.window_s
+        peers = [
+            pid
+            for pid, h in self.held.items()
+            if (c := h.latest_open).rule_id == f.rule_id
+            and c.job_id == f.job_id
+            and c.gpu_index is not None
+            and abs(c.first_seen - f.first_seen) <= w
+        ]
+        for gid, grp in self.groups.items():  # the job's open job-level failure of this rule: join it
+            g = grp.failure
+            if (
+                g is not None
+                and grp.scope == "job"
+                and g.rule_id == f.rule_id
+                and g.job_id == f.job_id
+                and g.state is FailureState.OPEN
+                and g.first_seen - w <= f.first_seen <= g.last_seen + w
+            ):
+                for p in peers:
+                    del self.held[p]
+                return self._join(gid, peers, ctx)
+        by_node: dict[str, set[int]] = {}
+        for p in peers:
+            c = self.held[p].latest_open
+            by_node.setdefault(c.node, set()).add(c.gpu_index)  # type: ignore[arg-type]
+        job = f.job_id
+        full = [n for n, gpus in by_node.items() if len(gpus) >= math.ceil(ex.share * ctx.gpus_in_job(n, job))]
+        need = max(2, math.ceil(ex.job_share * max(ctx.nodes_in_job(job), len(by_node))))
+        if len(full) < need:
+            return None
+        return self._new_group([p for p in peers if self.held[p].latest_open.node in full], ctx, "job")
+
+    def _new_group(self, peers: list[str], ctx: StageContext, scope: str) -> list[Failure]:
+        """A new node- or job-level failure of the held candidates ``peers`` (taken out of held)."""
         members = [self.held[p].latest_open for p in peers]
         resolved = {p: self.held[p].resolved for p in peers}
         for p in peers:
             del self.held[p]
-        node_f = ctx.aggregate(members, FailureState.OPEN)
-        gid = node_f.failure_id
-        grp = self.groups[gid] = _Group()
+        group_f = ctx.aggregate(members, FailureState.OPEN, scope)
+        gid = group_f.failure_id
+        grp = self.groups[gid] = _Group(scope=scope)
         for m in members:
             grp.members[m.failure_id] = resolved[m.failure_id] or m
             self.member_of[m.failure_id] = gid
-        self.latest[gid] = node_f
-        self.by_node.setdefault(node_f.node, set()).add(gid)
+        self.latest[gid] = group_f
+        self.by_node.setdefault(group_f.node, set()).add(gid)
         return self._group_emit(gid, ctx, force=True)
 
     def _join(self, gid: str, fids: list[str], ctx: StageContext) -> list[Failure]:
@@ -293,7 +351,7 @@ class PendingStage:
 
     def _group_emit(self, gid: str, ctx: StageContext, force: bool) -> list[Failure]:
         grp = self.groups[gid]
-        members = sorted(grp.members.values(), key=lambda m: m.gpu_index if m.gpu_index is not None else -1)
+        members = sorted(grp.members.values(), key=lambda m: (m.node, m.gpu_index if m.gpu_index is not None else -1))
         done = all(m.state is FailureState.RESOLVED for m in members)
         if grp.failure is not None and grp.failure.state is FailureState.RESOLVED:
             return []  # the node-level failure ended; late member versions change nothing
@@ -301,7 +359,7 @@ class PendingStage:
         newest = max(m.last_seen for m in members)
         if not force and not done and newest - grp.last_emitted < 30.0:
             return []
-        node_f = ctx.aggregate(members, state)
+        node_f = ctx.aggregate(members, state, grp.scope)
         if node_f.failure_id != gid:
             node_f = node_f.model_copy(update={"failure_id": gid})
         grp.failure, grp.last_emitted = node_f, newest

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from gpuwarden.shared.models import Action, Category, JobWindow, Pattern, Severity
 
@@ -179,17 +179,27 @@ class Explain(FrozenModel):
     ``explains``: the reverse, written on the cause (rule ids whose findings this rule explains, with
     this block's window and scope). ``aggregate: node``: when at least ``share`` of a node's GPUs in
     the same job have this finding within the window, they are one node-level failure (the GPUs as
-    evidence). ``answers``: beginnings of the explaining failure's ``cannot_determine`` entries
-    that this finding settles once folded into it (XID 94 tells that the XID 48 it follows was
-    contained), so the published failure no longer says it cannot tell what its evidence shows.
+    evidence). ``aggregate: job``: the same per node, and when at least ``job_share`` of the job's
+    nodes (two at least) have it so within the window, all of the job's GPUs with the finding are
+    one job-level failure (the nodes and GPUs as evidence; ``node`` is the first node, the verdict
+    names them all); below that, node-level failures as with ``aggregate: node``. Only for a rule
+    whose action acts on no node (``alert``, ``none``). ``answers``: beginnings of the explaining
+    failure's ``cannot_determine`` entries that this finding settles once folded into it (XID 94
+    tells that the XID 48 it follows was contained), so the published failure no longer says it
+    cannot tell what its evidence shows.
     """
 
     by: list[str] = Field(default_factory=list, description="Rule ids whose finding explains this one")
     explains: list[str] = Field(default_factory=list, description="Rule ids whose findings this rule explains")
     window_s: float = Field(60.0, gt=0, le=3600, description="Explanation window, event time, s")
     scope: Literal["gpu", "node"] = "gpu"
-    aggregate: Literal["node"] | None = Field(None, description="Most GPUs of a node: one node-level finding")
+    aggregate: Literal["node", "job"] | None = Field(
+        None, description="Most GPUs of a node: one node-level finding; job: and most nodes of a job: one job-level"
+    )
     share: float = Field(0.5, gt=0, le=1, description="aggregate: share of the node's GPUs in the job, at least")
+    job_share: float = Field(
+        0.5, gt=0, le=1, description="aggregate job: share of the job's nodes (two at least) with the finding"
+    )
     answers: list[str] = Field(
         default_factory=list,
         description="Beginnings of the explaining failure's cannot_determine entries this finding settles when folded",
@@ -225,6 +235,16 @@ class RuleBase(FrozenModel):
     @classmethod
     def _verdict(cls, v: str) -> str:
         return check_template(v)
+
+    @model_validator(mode="after")
+    def _job_level_acts_on_no_node(self) -> RuleBase:
+        by_job = self.explain is not None and self.explain.aggregate == "job"
+        if by_job and self.action not in (Action.ALERT, Action.NONE):
+            raise ValueError(
+                f"explain.aggregate job needs action alert or none, not {self.action.value}: a job-level failure "
+                "names its first node only, and an action there would hit one node for the whole job"
+            )
+        return self
 
 
 class ConditionRule(RuleBase):
