@@ -288,11 +288,6 @@ class Detector(EventEpisodes, JobWindows):
                 return len(a.gpus)
         return max(1, self._gpu_count_max.get(node, 1))
 
-    def nodes_in_job(self, job_id: str) -> int:
-        """Nodes that Slurm's allocations give ``job_id`` (0 when this detector has not seen the
-        job's state: with several workers, another holds its share of ``slurm.jobs``)."""
-        return sum(1 for allocs in self._allocs.values() if job_id in allocs)
-
     def aggregate(self, members: list[Failure], state: FailureState, scope: str = "node") -> Failure:
         """One node-level failure for GPU findings of one rule, node and job: ``gpu_index``
         None, the GPUs named in the verdict and the evidence, cost over all of them, first seen

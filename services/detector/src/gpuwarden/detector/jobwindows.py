@@ -3,7 +3,7 @@ start until the job's window is complete, then the job-scope condition rules (id
 hang, stragglers, ...) over it with the job's recent history.
 
 State (in the detector's snapshot): ``_windows``, ``_window_marks``, ``_window_tally``,
-``_history``, ``_job_ctx``, ``_job_starts``. Mixed into
+``_window_done``, ``late_windows``, ``_history``, ``_job_ctx``, ``_job_starts``, ``_job_nodes``. Mixed into
 :class:`~gpuwarden.detector.engine.Detector`, which owns the condition trackers these rules
 step.
 """
@@ -32,10 +32,16 @@ class JobWindows:
     _window_marks: dict[str, dict[str, float]]
     #: job -> newest window start -> how many nodes have it
     _window_tally: dict[str, dict[float, int]]
+    #: job -> newest window start evaluated (a window at or before it is late: not evaluated again)
+    _window_done: dict[str, float]
+    #: windows that came after their window start was evaluated (their job rules did without them)
+    late_windows: int
     #: job -> its last ``window_history`` complete window starts
     _history: dict[str, list[list[JobWindow]]]
     _job_ctx: dict[str, JobContext]
     _job_starts: dict[str, float]
+    #: job -> how many nodes Slurm gives it (from its running state)
+    _job_nodes: dict[str, int]
     window_history: int
     _by_scope: dict[str, list[ConditionRule]]
 
@@ -56,24 +62,39 @@ class JobWindows:
         self._windows = {}
         self._window_marks = {}
         self._window_tally = {}
+        self._window_done = {}
+        self.late_windows = 0
         self._history = {}
         self._job_ctx = {}
         self._job_starts = {}
+        self._job_nodes = {}
         self.window_history = 30
+
+    def nodes_in_job(self, job_id: str) -> int:
+        """Nodes that Slurm gives ``job_id`` in its latest running state (0 when this detector
+        has not seen one: with several workers, the one that reads the job's ``job.windows``
+        partition reads its ``slurm.jobs`` partition too)."""
+        return self._job_nodes.get(job_id, 0)
 
     def _on_window(self, w: JobWindow) -> list[Failure]:
         """Job-scope condition rules over one window start of a job, once it is complete: all
-        the job's GPUs reported it, or every node of the job has reported a newer window, or
-        the newest node is :data:`WINDOW_LAG` windows past it (a node that stopped reporting).
+        the job's GPUs reported it, or every node of the job (as many as Slurm's allocations
+        give it, at least those that reported) has reported a newer window, or the newest node
+        is :data:`WINDOW_LAG` windows past it (a node that stopped reporting).
 
         Readiness depends on the windows' event times, not on the order in which nodes'
         windows arrive: windows of a job's nodes come from different correlator partitions and
         can arrive a few windows apart (a replay at 50x releases a node's held samples in bulk).
+        A window whose start was already evaluated is late: it updates its node's progress and
+        is counted (``late_windows``), but is not evaluated again as a group of its own (a group
+        of the late nodes alone would look like another job: the whole job stalled).
         """
-        groups = self._windows.setdefault(w.job_id, {})
-        group = groups.setdefault(w.window_start, {})
-        group[(w.node, w.gpu_index)] = w
         marks = self._window_marks.setdefault(w.job_id, {})
+        late = w.window_start <= self._window_done.get(w.job_id, -1.0)
+        if late:
+            self.late_windows += 1
+        else:
+            self._windows.setdefault(w.job_id, {}).setdefault(w.window_start, {})[(w.node, w.gpu_index)] = w
         # how many nodes have each newest window start: low/high without a scan of every node
         # (a 3,125-node job would make every window O(nodes))
         tally = self._window_tally.setdefault(w.job_id, {})
@@ -86,7 +107,13 @@ class JobWindows:
                     del tally[old]
                 else:
                     tally[old] -= 1
-        low, high = min(tally), max(tally)
+        groups = self._windows.get(w.job_id)
+        if not groups:
+            return []
+        # every node of the job reported a newer window: only when all the nodes Slurm gives the
+        # job have reported (one that has not yet is not ahead of anything)
+        low = min(tally) if len(marks) >= self.nodes_in_job(w.job_id) else -1.0
+        high = max(tally)
         lag = WINDOW_LAG * max(w.window_end - w.window_start, 1e-9)
         ready = [
             start
@@ -96,6 +123,7 @@ class JobWindows:
         out: list[Failure] = []
         for start in ready:
             windows = sorted(groups.pop(start).values(), key=lambda x: (x.node, x.gpu_index))
+            self._window_done[w.job_id] = max(start, self._window_done.get(w.job_id, start))
             history = self._history.setdefault(w.job_id, [])
             first = windows[0]
             ctx = self._job_ctx.get(w.job_id)
@@ -122,7 +150,9 @@ class JobWindows:
         return out
 
     def _job_started(self, job: JobState) -> None:
-        """A running job's start time: the origin of its start-up grace (``JobContext``)."""
+        """A running job's start time (the origin of its start-up grace, ``JobContext``) and node count."""
+        if job.nodes:
+            self._job_nodes[job.job_id] = len(set(job.nodes))
         if job.start_ts is None:
             return
         self._job_starts[job.job_id] = job.start_ts
@@ -134,6 +164,8 @@ class JobWindows:
         self._windows.pop(job_id, None)
         self._window_marks.pop(job_id, None)
         self._window_tally.pop(job_id, None)
+        self._window_done.pop(job_id, None)
         self._history.pop(job_id, None)
         self._job_ctx.pop(job_id, None)
         self._job_starts.pop(job_id, None)
+        self._job_nodes.pop(job_id, None)

@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from gpuwarden.shared.bus import Producer
 from gpuwarden.shared.models import (
@@ -66,6 +66,12 @@ class DetectorService(Service):
             "gpu.attributed samples whose job attribution was unknown (job-dependent rules took no reading), count",
             registry=self.metrics.registry,
         )
+        Gauge(
+            "gpuwarden_detector_late_job_windows",
+            "job.windows records that came after their job's window start was evaluated (the job rules went "
+            "without them), count",
+            registry=self.metrics.registry,
+        ).set_function(lambda: self.detector.late_windows)
         self.durable = DetectorDurability(self.detector, settings)  # event-time bounds, state file
         self.reports = JobReporter(settings.detector_price_usd_per_gpu_hour)
         self.reports_out = 0
