@@ -93,3 +93,26 @@ def test_lost_counter_is_exported() -> None:
     reg.register(b.collector)
     text = generate_latest(reg).decode()
     assert "gpuwarden_gpus_lost_total 1.0" in text
+
+
+def test_hand_over_forgets_the_nodes_gpus_or_open_failures_and_keeps_counts() -> None:
+    """A rebalance moved the nodes' partitions to another bridge (issue 26: no GPU on two
+    bridges' /metrics): their GPUs and job info go, or their open failures go; counters stay."""
+    from gpuwarden.shared.models import Action, Category, CostEstimate, Failure, Severity
+
+    store = LatestStore(clock=lambda: T0 + 100)
+    for node in ("gpu-node-003", "gpu-node-004"):
+        store.update_sample(sample(0, [0, 1], node=node))
+        store.update_failure(
+            Failure(failure_id=f"f-{node}", pattern="thermal-throttle", rule_id="thermal-throttle",
+                    category=Category.HARDWARE, severity=Severity.WARNING, node=node, gpu_index=0,
+                    first_seen=T0, last_seen=T0, verdict="hot", recommended_action=Action.ALERT,
+                    cost=CostEstimate(affected_gpus=1, usd_per_hour=1.0, gpu_hours_lost=0.0))
+        )  # fmt: skip
+    assert store.hand_over(["gpu-node-003", "unknown-node"], gpus=True) == 2
+    assert {(e.node, e.index) for e in store.gpus()} == {("gpu-node-004", 0), ("gpu-node-004", 1)}
+    assert {f.node for f in store._open.values()} == {"gpu-node-003", "gpu-node-004"}
+    assert store.hand_over(["gpu-node-003"], failures=True) == 1
+    assert {f.node for f in store._open.values()} == {"gpu-node-004"}
+    assert sum(store.failure_counts().values()) == 2  # counted failures stay counted
+    assert {n for n, _ in scrape(store)["gpuwarden_gpu_power_watts"]} == {"gpu-node-004"}

@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Literal
 
-from aiokafka import ConsumerRecord
+from aiokafka import ConsumerRebalanceListener, ConsumerRecord, TopicPartition
 from opentelemetry.sdk._logs.export import LogRecordExporter
 from opentelemetry.sdk.metrics.export import MetricReader
 from pydantic import BaseModel
@@ -27,6 +27,22 @@ __all__ = ["CONSUMED_TOPICS", "OtlpBridgeService", "create_service"]
 log = logging.getLogger(__name__)
 
 CONSUMED_TOPICS = ("gpu.attributed", "gpu.events.attributed", "slurm.nodes", "failures", "remediations")
+#: Topics whose records give series of their node that another bridge takes over at a rebalance.
+HANDED_OVER = ("gpu.attributed", "failures")
+
+
+class _HandOver(ConsumerRebalanceListener):  # type: ignore[misc]
+    """After each assignment, the bridge forgets the nodes whose partitions it no longer reads."""
+
+    def __init__(self, service: OtlpBridgeService) -> None:
+        self.service = service
+
+    async def on_partitions_revoked(self, revoked: Collection[TopicPartition]) -> None:
+        """Nothing: aiokafka revokes every partition before each rebalance (eager protocol), and
+        most come back; what moved is known at the assignment."""
+
+    async def on_partitions_assigned(self, assigned: Collection[TopicPartition]) -> None:
+        self.service.hand_over(assigned)
 
 
 class OtlpBridgeService(Service):
@@ -76,6 +92,9 @@ class OtlpBridgeService(Service):
             log_queue_size=settings.otlp_bridge_log_queue_size,
         )
         self.metrics.registry.register(self.bridge.collector)
+        #: short topic of :data:`HANDED_OVER` -> node -> the partition its last record came from
+        self._read_from: dict[str, dict[str, int]] = {t: {} for t in HANDED_OVER}
+        self.nodes_handed_over = 0
 
     async def on_start(self) -> None:
         if self._from_settings and self.bridge.meter_provider is None:
@@ -87,7 +106,29 @@ class OtlpBridgeService(Service):
                      self.bridge_settings.otlp_bridge_endpoint or "injected exporters")  # fmt: skip
         else:
             log.info("otlp-bridge: no OTLP endpoint, Prometheus /metrics only")
-        self.consume(list(CONSUMED_TOPICS), self.handle)
+        self.consume(list(CONSUMED_TOPICS), self.handle, listener=_HandOver(self))
+
+    def hand_over(self, assigned: Collection[TopicPartition]) -> int:
+        """Forget the GPUs and open failures of the nodes whose ``gpu.attributed`` or ``failures``
+        partition is not in ``assigned`` (this member's new assignment): another bridge exports
+        them now (:meth:`LatestStore.hand_over`). Returns how many nodes were handed over."""
+        kept: dict[str, set[int]] = {}
+        for tp in assigned:
+            kept.setdefault(tp.topic, set()).add(tp.partition)
+        moved = 0
+        for short, nodes in self._read_from.items():
+            own = kept.get(self.settings.topic(short), set())
+            gone = [n for n, p in nodes.items() if p not in own]
+            if not gone:
+                continue
+            for n in gone:
+                del nodes[n]
+            self.bridge.store.hand_over(gone, gpus=short == "gpu.attributed", failures=short == "failures")
+            moved += len(gone)
+        if moved:
+            self.nodes_handed_over += moved
+            log.info("otlp-bridge: %d node(s) handed over to another bridge (rebalance)", moved)
+        return moved
 
     async def on_stop(self) -> None:
         await asyncio.to_thread(self.bridge.stop, self.bridge_settings.otlp_bridge_timeout_s)
@@ -100,8 +141,12 @@ class OtlpBridgeService(Service):
         """
         if isinstance(value, AttributedSample):
             self.bridge.on_sample(value)
+            if record is not None:
+                self._read_from["gpu.attributed"][value.sample.node] = record.partition
         elif isinstance(value, Failure):
             self.bridge.on_failure(value)
+            if record is not None:
+                self._read_from["failures"][value.node] = record.partition
         elif isinstance(value, Remediation):
             self.bridge.on_remediation(value)
         elif isinstance(value, AttributedEvent):

@@ -28,7 +28,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from gpuwarden.shared.models import (
@@ -338,6 +338,30 @@ class LatestStore:
                 self._node_states.popitem(last=False)
                 self.nodes_forgotten += 1
             return old is None or old[1] != key
+
+    def hand_over(self, nodes: Collection[str], *, gpus: bool = False, failures: bool = False) -> int:
+        """Forget what this bridge exports for ``nodes`` now that another bridge reads their
+        partitions (a rebalance): with ``gpus`` their GPUs (readings, ``gpuwarden_gpu_job_info``,
+        XID counts), with ``failures`` their open failures. Without it both bridges would export
+        the same GPU until it went stale here (``staleness_s``), and a failure that the other
+        bridge resolves would stay open here for ``failure_ttl_s``; two ``job_info`` series of
+        one GPU break every ``group_left`` join on it. Failures counted stay counted (each
+        bridge counts what it read). Returns how many entries were dropped."""
+        wanted = set(nodes)
+        dropped = 0
+        with self._lock:
+            if gpus:
+                for node in wanted & self._node_gpus.keys():
+                    for index in list(self._node_gpus.get(node, ())):
+                        self._forget((node, index))
+                        dropped += 1
+                    self._driver_versions.pop(node, None)
+            if failures:
+                gone = [fid for fid, f in self._open.items() if f.node in wanted]
+                for fid in gone:
+                    del self._open[fid]
+                dropped += len(gone)
+        return dropped
 
     # -- reads (each prunes first) ------------------------------------------------------
     def prune(self) -> int:
