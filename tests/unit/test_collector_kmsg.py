@@ -153,6 +153,14 @@ def test_parser_never_raises_on_arbitrary_text(parts: list[str]) -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(text=st.text(max_size=300))
-def test_parse_kmsg_never_raises_on_text_without_nul(text: str) -> None:
-    evs = parse_kmsg(text.replace("\x00", ""))
-    assert isinstance(evs, list)
+def test_parse_kmsg_never_crashes_on_text_without_nul(text: str) -> None:
+    """Any text: a list of events, or the one-line refusal of what is not a kernel log; with one
+    kernel log line in it, never the refusal."""
+    text = text.replace("\x00", "")
+    try:
+        evs = parse_kmsg(text)
+    except ValueError as exc:
+        assert str(exc).startswith("kernel log: ")
+    else:
+        assert isinstance(evs, list)
+    assert isinstance(parse_kmsg("[    1.000000] Linux version 6.8.0\n" + text), list)

@@ -452,6 +452,14 @@ class KernelLogParser:
 
 #: A plain ``dmesg`` line's stamp: seconds since boot, ``[  365.969681]``.
 _MONOTONIC_STAMP_RE = re.compile(r"^\[\s*(\d+\.\d+)\]")
+#: What makes a line a kernel log line: a time stamp of dmesg (monotonic or ``-T``), journalctl
+#: (ISO), syslog or a raw ``/dev/kmsg`` record at its start, or a message of the NVIDIA driver
+#: (``NVRM:``, ``nvidia-modeset: ...``) or of the kernel (``host kernel: ...``) anywhere.
+_KERNEL_LINE_RE = re.compile(
+    r"^(?:\[\s*\d+\.\d+\]|\[\w{3} \w{3} +\d{1,2} \d{2}:\d{2}:\d{2} \d{4}\]|\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}"
+    r"|[A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{2} |\d{1,5},\d{1,20},\d{1,20},[^;]{0,40};)"
+    r"|\bNVRM: |\bnvidia(?:-[a-z]+)?(?: [0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.\d)?: |\bkernel: "
+)
 
 
 def parse_kmsg(text: str) -> list[GpuEvent]:
@@ -467,10 +475,18 @@ def parse_kmsg(text: str) -> list[GpuEvent]:
     severity of its code in the XID table (:func:`~gpuwarden.shared.nvidia.xids.xid_severities`).
 
     Raises:
-        ValueError: ``text`` contains NUL bytes (binary data, not a log).
+        ValueError: ``text`` contains NUL bytes (binary data, not a log), or no line of it is a
+            kernel log line (an empty file, another tool's output such as ``nvidia-smi -q``):
+            no dmesg, journalctl, syslog or ``/dev/kmsg`` time stamp and no NVIDIA driver or
+            kernel message. A kernel log without GPU events gives ``[]``.
     """
     if "\x00" in text:
         raise ValueError("kernel log: binary data (NUL bytes), not a text log")
+    if not any(_KERNEL_LINE_RE.search(line) for line in text.splitlines()):
+        what = "an empty file" if not text.strip() else "no line has a dmesg, journalctl, syslog or /dev/kmsg"
+        raise ValueError(
+            f"kernel log: {what}{' time stamp or an NVIDIA driver or kernel message' if text.strip() else ''}"
+        )
     year = datetime.now(UTC).year
     parser = KernelLogParser("unknown", source="file", year=year, severities=xid_severities())
     parser.boot_ts = 0.0  # raw records: seconds since boot

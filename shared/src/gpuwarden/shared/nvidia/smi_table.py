@@ -146,8 +146,8 @@ def parse_nvidia_smi_table(text: str) -> list[SmiTable]:
 
 
 def parse_nvidia_smi_table_report(text: str) -> list[dict[str, Any]]:
-    """``gpuwarden parse nvidia-smi-table``: each table -> ``{timestamp, driver_version,
-    cuda_version, gpus: [GpuSample]}`` (see :func:`parse_nvidia_smi_table`).
+    """Each ``nvidia-smi`` table of a file -> ``{timestamp, driver_version, cuda_version,
+    gpus: [GpuSample]}`` (see :func:`parse_nvidia_smi_table`; ``gpuwarden parse nvidia-smi-table``).
 
     Raises:
         ValueError: as :func:`parse_nvidia_smi_table`.

@@ -640,8 +640,8 @@ def parse_nvidia_smi_csv_samples(text: str) -> list[GpuSample] | SmiError:
 
 
 def parse_nvidia_smi_csv_records(text: str) -> list[dict[str, Any]] | SmiError:
-    """``gpuwarden parse nvidia-smi-csv``: ``--query-gpu`` CSV with a header (nvidia-smi 450 ..
-    595, or a custom logger's header, :data:`CSV_ALIASES`) -> one object per row holding
+    """``--query-gpu`` CSV with a header (nvidia-smi 450 .. 595, or a custom logger's header,
+    :data:`CSV_ALIASES`; ``gpuwarden parse nvidia-smi-csv``) -> one object per row holding
     ``gpu`` (the mapped :class:`GpuSample`) and ``columns`` (every column's value, so fields
     the model lacks, such as ``clocks.current.video``, are kept), or :class:`SmiError`.
 
