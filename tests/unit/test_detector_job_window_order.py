@@ -72,3 +72,16 @@ def test_without_the_jobs_state_the_nodes_that_reported_decide() -> None:
             for w in _windows(n, k):
                 d.on_window(w)
     assert [g[0].window_start for g in d._history["88"]] == [T0, T0 + 10]
+
+
+def test_a_node_of_the_job_without_its_gpus_is_not_waited_for() -> None:
+    """Slurm lists n3 in the job but gives it none of the job's GPUs: it sends no windows, and a
+    window start is complete once n1 and n2 have passed it (not only by the 6-window lag)."""
+    d = Detector(load_catalog())
+    d.on_job(JobState(job_id="88", ts=T0, state="RUNNING", user="bob", nodes=["n1", "n2", "n3"],
+                      gpus={"n1": [0, 1, 2, 3], "n2": [0, 1, 2, 3]}, start_ts=T0))  # fmt: skip
+    for k in range(2):
+        for n in ("n1", "n2"):
+            for w in _windows(n, k):
+                d.on_window(w)
+    assert [g[0].window_start for g in d._history["88"]] == [T0]

@@ -115,3 +115,23 @@ def test_the_correlators_copy_names_the_job_when_the_raw_copy_had_none_or_anothe
     assert len(fails) == 2
     assert {f.failure_id for f in fails} == {first[0].failure_id}
     assert (fails[-1].job_id, fails[-1].user, fails[-1].occurrences) == ("1001", "user1", 1)
+
+
+def test_a_gpu_failing_under_two_jobs_is_a_repeat_offender_when_only_the_correlator_names_them() -> None:
+    """With several workers the raw copy of an XID may have no job (the job's ``slurm.jobs``
+    share is on another worker): the correlator's copy, which names it, still counts the event
+    under that job for ``repeat-offender-gpu`` (helper review: the attributed copy once fed
+    the repeat history, then stopped)."""
+    from gpuwarden.detector import Detector, load_catalog
+
+    d = Detector(load_catalog())
+    out = []
+    for i, (ts, job) in enumerate([(1000.0, "A"), (9000.0, "B")]):
+        raw = f"NVRM: Xid (PCI:0000:44:00): 13, Graphics Exception {i}"
+        ev = GpuEvent(event_id=stable_id("n1", ts, 13, raw), node="n1", ts=ts, kind=EventKind.XID, code=13,
+                      gpu_index=0, raw=raw, source="t", message="Graphics Exception")  # fmt: skip
+        out += d.on_event(as_attributed(ev))
+        out += d.on_event(AttributedEvent(event=ev, job=GpuAttribution(gpu_index=0, job_id=job, user="u")))
+    out += d.flush()
+    assert ("repeat-offender-gpu", "B") in {(f.rule_id, f.job_id) for f in out}
+    assert {f.job_id for f in out if f.rule_id != "repeat-offender-gpu" and f.first_seen == 1000.0} >= {"A"}

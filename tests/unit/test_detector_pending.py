@@ -238,6 +238,43 @@ def test_one_node_of_a_job_idle_stays_a_node_level_finding(nodes_in_job: int) ->
     assert not any(e.signal == "nodes" for e in node.evidence)
 
 
+def test_a_jobs_end_resolves_its_job_level_finding_once() -> None:
+    """Every member of a 200-node job-level failure resolves in one release (the job ended): the
+    resolved publication (and at most one throttled update), not one per member (helper review:
+    2,000 publications and 20 s of a blocked loop for a 500-node job)."""
+    stage, explain, ctx = PendingStage(), load_catalog().explanations(), _Ctx(gpus=8, nodes=200)
+    idle = _idle([f"gpu-node-{i:03d}" for i in range(200)])
+    [job] = stage.release(idle, T0 + 100, explain, ctx)
+    res = [m.model_copy(update={"state": FailureState.RESOLVED, "last_seen": T0 + 400}) for m in idle]
+    out = stage.release(res, T0 + 400, explain, ctx)
+    # at most the throttled update the first member's newer last_seen allows, then the end
+    assert len(out) <= 2 and {f.failure_id for f in out} == {job.failure_id}
+    assert out[-1].state is FailureState.RESOLVED
+
+
+def test_a_group_that_ended_while_held_publishes_its_open_first() -> None:
+    stage, explain, ctx = PendingStage(), load_catalog().explanations(), _Ctx(gpus=8, nodes=2)
+    idle = _idle(["gpu-node-001", "gpu-node-002"])
+    res = [m.model_copy(update={"state": FailureState.RESOLVED, "last_seen": T0 + 20}) for m in idle]
+    out = stage.release(idle + res, T0 + 100, explain, ctx)
+    assert [f.state for f in out] == [FailureState.OPEN, FailureState.RESOLVED]
+    assert len({f.failure_id for f in out}) == 1
+
+
+def test_a_job_level_finding_keeps_its_node_and_a_node_below_the_share_stands_apart() -> None:
+    """``failures`` is keyed by node: a node that sorts first joining later does not move the
+    failure to another key; a node with one idle GPU of eight gets a finding of its own."""
+    stage, explain, ctx = PendingStage(), load_catalog().explanations(), _Ctx(gpus=8, nodes=4)
+    [job] = stage.release(_idle(["gpu-node-002", "gpu-node-003"]), T0 + 100, explain, ctx)
+    assert job.node == "gpu-node-002"
+    lone = _idle(["gpu-node-004"], gpus=(7,), first=T0 + 10)
+    out = stage.release(_idle(["gpu-node-001"], first=T0 + 10) + lone, T0 + 200, explain, ctx)
+    grouped = [f for f in out if f.failure_id == job.failure_id]
+    assert grouped and all(f.node == "gpu-node-002" for f in grouped)
+    assert "gpu-node-[001-003]" in grouped[-1].verdict
+    assert [(f.node, f.gpu_index) for f in out if f.failure_id != job.failure_id] == [("gpu-node-004", 7)]
+
+
 def test_a_job_level_aggregate_is_refused_on_a_rule_that_acts_on_a_node() -> None:
     from pydantic import ValidationError
 
@@ -319,6 +356,7 @@ _step = st.tuples(
     st.integers(0, 200),  # duration, s
     st.booleans(),  # resolved
     st.integers(0, 60),  # clock advance before it, s
+    st.sampled_from(["n1", "n2", "n3"]),  # node: job-level groups need two nodes or more
 )
 
 
@@ -327,13 +365,13 @@ _step = st.tuples(
 def test_no_resolved_without_its_open_and_nothing_for_a_folded_candidate(steps: list[tuple]) -> None:
     stage = PendingStage()
     explain: dict[str, Explain] = _CATALOG.explanations()
-    ctx = _Ctx()
+    ctx = _Ctx(gpus=2, nodes=3)
     clock = T0
     out: list[Failure] = []
-    for rule_id, g, off, dur, resolved, adv in steps:
+    for rule_id, g, off, dur, resolved, adv, node in steps:
         clock += adv
         first = T0 + off
-        opened = _failure(rule_id, g, first, first + dur)
+        opened = _failure(rule_id, g, first, first + dur, node=node)
         batch = [opened]
         if resolved:
             batch.append(opened.model_copy(update={"state": FailureState.RESOLVED}))

@@ -581,8 +581,10 @@ async def check_topics(
                 problems.append(
                     f"{', '.join(members)} have different partition counts {group}: a {key}'s records of them "
                     "no longer meet on one worker (the correlator will not start when gpu.samples and "
-                    "correlator.windows differ; the detector's lanes read one node on two workers). Create "
-                    "them with one count: GPUWARDEN_TOPIC_PARTITIONS"
+                    "correlator.windows differ; the detector's lanes read one node on two workers). gpuwarden "
+                    "never alters a topic: raise the smaller ones with kafka-topics.sh --alter --partitions N "
+                    "(their keys move to other partitions once), or create new ones with one count "
+                    "(GPUWARDEN_TOPIC_PARTITIONS)"
                 )
         if rf > 1:
             try:

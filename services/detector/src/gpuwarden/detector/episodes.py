@@ -113,7 +113,11 @@ class EventEpisodes:
             if ep is not None and 0 <= ev.ts - ep.last_seen <= ep.rule.burst_window_s:
                 return self._fold(ep, ev, evidence)
         job = msg.job
-        if job is not None and (out := self._take_attribution(rule, ev, job)) is not None:
+        if job is not None and (taken := self._take_attribution(rule, ev, job)) is not None:
+            out, before = taken
+            if out:  # the job changed: the repeat history counts this event under the new job
+                for rr in self.catalog.repeat_rules(ev.code):
+                    out.extend(self._repeat(rr, ev, job, evidence, replaces=before))
             return out
         if job is None and ev.gpu_index is not None:
             job = self._job_at(ev.node, ev.gpu_index, ev.ts)
@@ -124,19 +128,24 @@ class EventEpisodes:
             out.extend(self._repeat(rr, ev, job, evidence))
         return out
 
-    def _take_attribution(self, rule: Rule, ev: GpuEvent, job: GpuAttribution) -> list[Failure] | None:
-        """The correlator's copy of an event that an open episode already counted (its raw copy
-        came first): the correlator's job is the one attribution (one place attributes), so an
-        episode opened without a job, or with another job from this detector's own view of
-        ``slurm.jobs`` (with several workers, only its share of the jobs), takes it and is
-        re-emitted (same ``failure_id``). None: not such a copy (the caller goes on)."""
+    def _take_attribution(
+        self, rule: Rule, ev: GpuEvent, job: GpuAttribution
+    ) -> tuple[list[Failure], str | None] | None:
+        """The correlator's copy of the event that opened an episode (its raw copy came first):
+        the correlator's job is the one attribution (one place attributes), so an episode opened
+        without a job, or with another job from this detector's own view of ``slurm.jobs`` (with
+        several workers, only its share of the jobs), takes it and is re-emitted (same
+        ``failure_id``). Only the opening event names the episode's job: the copy of a later
+        event folded into it changes nothing here. Returns the failures and the job id the
+        episode had; None: not such a copy (the caller goes on)."""
         ep = self.episodes.get((rule.id, ev.node, _gpu_key(ev)))
-        if ep is None or (ev.event_id != ep.first.event_id and ev.event_id not in ep.seen):
+        if ep is None or ev.event_id not in (ep.first.event_id, *ep.seen):
             return None
-        if ep.job is not None and ep.job.job_id == job.job_id:
-            return []  # the same job: nothing new
+        before = ep.job.job_id if ep.job is not None else None
+        if ev.event_id != ep.first.event_id or before == job.job_id:
+            return [], before  # a folded event's copy, or the same job: nothing new
         ep.job = job
-        return [self._emit(ep)]
+        return [self._emit(ep)], before
 
     def _observe(self, rule: Rule, ev: GpuEvent, job: GpuAttribution | None, evidence: Evidence) -> list[Failure]:
         key = (rule.id, ev.node, _gpu_key(ev))
@@ -217,12 +226,23 @@ class EventEpisodes:
         self._stage.published[f.failure_id] = f.last_seen
         return True
 
-    def _repeat(self, rule: Rule, ev: GpuEvent, job: GpuAttribution | None, evidence: Evidence) -> list[Failure]:
-        """Application XIDs recurring on one GPU under several jobs: the GPU, not the code."""
+    def _repeat(
+        self,
+        rule: Rule,
+        ev: GpuEvent,
+        job: GpuAttribution | None,
+        evidence: Evidence,
+        replaces: str | None = None,
+    ) -> list[Failure]:
+        """Application XIDs recurring on one GPU under several jobs: the GPU, not the code.
+        ``replaces``: the job this event was counted under before the correlator's copy named
+        another (that entry goes)."""
         gkey = _gpu_key(ev)
         if job is None or gkey is None or rule.match.window_s is None or rule.match.jobs is None:
             return []
         hist = self._app_xids.setdefault((ev.node, gkey), [])
+        if replaces is not None and (ev.ts, replaces) in hist:
+            hist.remove((ev.ts, replaces))
         hist.append((ev.ts, job.job_id))
         window = rule.match.window_s
         hist[:] = [(t, j) for t, j in hist if ev.ts - t <= window]

@@ -40,7 +40,7 @@ class JobWindows:
     _history: dict[str, list[list[JobWindow]]]
     _job_ctx: dict[str, JobContext]
     _job_starts: dict[str, float]
-    #: job -> how many nodes Slurm gives it (from its running state)
+    #: job -> how many nodes Slurm gives its GPUs on (from its running state)
     _job_nodes: dict[str, int]
     window_history: int
     _by_scope: dict[str, list[ConditionRule]]
@@ -151,8 +151,11 @@ class JobWindows:
 
     def _job_started(self, job: JobState) -> None:
         """A running job's start time (the origin of its start-up grace, ``JobContext``) and node count."""
-        if job.nodes:
-            self._job_nodes[job.job_id] = len(set(job.nodes))
+        # the nodes that will send the job's windows: those holding its GPUs (a node of the job
+        # without any of its GPUs sends none); every node when Slurm named no GPUs
+        with_gpus = {n for n, gpus in job.gpus.items() if gpus}
+        if with_gpus or job.nodes:
+            self._job_nodes[job.job_id] = len(with_gpus or set(job.nodes))
         if job.start_ts is None:
             return
         self._job_starts[job.job_id] = job.start_ts

@@ -78,6 +78,23 @@ class _Group:
     failure: Failure | None = None  # the node- or job-level failure last published
     last_emitted: float = 0.0
     scope: str = "node"  # or "job" (a snapshot from before job-level groups has none: the class default)
+    #: members resolved and the newest member ``last_seen``, kept as members change (a job-level
+    #: group has thousands of members: a pass over them per member version made a job's end
+    #: quadratic); -1: not counted yet (a group from an older snapshot), counted at its next change
+    resolved: int = -1
+    newest: float = 0.0
+
+    def put(self, f: Failure) -> None:
+        """``f`` as the latest version of one member."""
+        if self.resolved < 0:
+            self.members[f.failure_id] = f
+            self.resolved = sum(1 for m in self.members.values() if m.state is FailureState.RESOLVED)
+            self.newest = max(m.last_seen for m in self.members.values())
+            return
+        old = self.members.get(f.failure_id)
+        self.members[f.failure_id] = f
+        self.resolved += (f.state is FailureState.RESOLVED) - (old is not None and old.state is FailureState.RESOLVED)
+        self.newest = max(self.newest, f.last_seen)
 
 
 def _pci(f: Failure) -> str | None:
@@ -295,6 +312,13 @@ class PendingStage:
             and c.gpu_index is not None
             and abs(c.first_seen - f.first_seen) <= w
         ]
+        by_node: dict[str, set[int]] = {}
+        for p in peers:
+            c = self.held[p].latest_open
+            by_node.setdefault(c.node, set()).add(c.gpu_index)  # type: ignore[arg-type]
+        job = f.job_id
+        # the per-node share holds for joining too: a node with one idle GPU of eight stands apart
+        full = {n for n, gpus in by_node.items() if len(gpus) >= math.ceil(ex.share * ctx.gpus_in_job(n, job))}
         for gid, grp in self.groups.items():  # the job's open job-level failure of this rule: join it
             g = grp.failure
             if (
@@ -305,17 +329,15 @@ class PendingStage:
                 and g.state is FailureState.OPEN
                 and g.first_seen - w <= f.first_seen <= g.last_seen + w
             ):
-                for p in peers:
+                inside = full | {m.node for m in grp.members.values()}
+                if f.node not in inside:
+                    return None
+                joining = [p for p in peers if self.held[p].latest_open.node in inside]
+                for p in joining:
                     del self.held[p]
-                return self._join(gid, peers, ctx)
-        by_node: dict[str, set[int]] = {}
-        for p in peers:
-            c = self.held[p].latest_open
-            by_node.setdefault(c.node, set()).add(c.gpu_index)  # type: ignore[arg-type]
-        job = f.job_id
-        full = [n for n, gpus in by_node.items() if len(gpus) >= math.ceil(ex.share * ctx.gpus_in_job(n, job))]
+                return self._join(gid, joining, ctx)
         need = max(2, math.ceil(ex.job_share * max(ctx.nodes_in_job(job), len(by_node))))
-        if len(full) < need:
+        if f.node not in full or len(full) < need:
             return None
         return self._new_group([p for p in peers if self.held[p].latest_open.node in full], ctx, "job")
 
@@ -327,9 +349,9 @@ class PendingStage:
             del self.held[p]
         group_f = ctx.aggregate(members, FailureState.OPEN, scope)
         gid = group_f.failure_id
-        grp = self.groups[gid] = _Group(scope=scope)
+        grp = self.groups[gid] = _Group(scope=scope, resolved=0)
         for m in members:
-            grp.members[m.failure_id] = resolved[m.failure_id] or m
+            grp.put(resolved[m.failure_id] or m)
             self.member_of[m.failure_id] = gid
         self.latest[gid] = group_f
         self.by_node.setdefault(group_f.node, set()).add(gid)
@@ -338,7 +360,7 @@ class PendingStage:
     def _join(self, gid: str, fids: list[str], ctx: StageContext) -> list[Failure]:
         grp = self.groups[gid]
         for m in fids:
-            grp.members[m] = self.latest[m]
+            grp.put(self.latest[m])
             self.member_of[m] = gid
         return self._group_emit(gid, ctx, force=True)
 
@@ -346,25 +368,45 @@ class PendingStage:
         grp = self.groups.get(gid)
         if grp is None:
             return []
-        grp.members[f.failure_id] = f
-        return self._group_emit(gid, ctx, force=f.state is FailureState.RESOLVED)
+        grp.put(f)
+        # a node-level group shows each member's end at once; a job-level one (thousands of
+        # members, all resolved together when the job ends) at the throttle or when all are done
+        force = f.state is FailureState.RESOLVED and grp.scope == "node"
+        return self._group_emit(gid, ctx, force=force)
 
     def _group_emit(self, gid: str, ctx: StageContext, force: bool) -> list[Failure]:
+        """The group's failure now, unless throttled (an update within 30 s of event time of the
+        last one, not forced, not the end). A group whose first version would already be
+        resolved (every member ended while held) publishes its open version first: no
+        ``resolved`` goes out for an id whose ``open`` did not. A job-level failure keeps the
+        ``node`` it was first published with (``failures`` is keyed by node)."""
         grp = self.groups[gid]
-        members = sorted(grp.members.values(), key=lambda m: (m.node, m.gpu_index if m.gpu_index is not None else -1))
-        done = all(m.state is FailureState.RESOLVED for m in members)
         if grp.failure is not None and grp.failure.state is FailureState.RESOLVED:
-            return []  # the node-level failure ended; late member versions change nothing
-        state = FailureState.RESOLVED if done else FailureState.OPEN
-        newest = max(m.last_seen for m in members)
-        if not force and not done and newest - grp.last_emitted < 30.0:
+            return []  # the group's failure ended; late member versions change nothing
+        if grp.resolved < 0:  # from an older snapshot: count once
+            for m in list(grp.members.values()):
+                grp.put(m)
+        done = grp.resolved >= len(grp.members)
+        if not force and not done and grp.newest - grp.last_emitted < 30.0:
             return []
-        node_f = ctx.aggregate(members, state, grp.scope)
-        if node_f.failure_id != gid:
-            node_f = node_f.model_copy(update={"failure_id": gid})
-        grp.failure, grp.last_emitted = node_f, newest
-        self.latest[gid] = node_f
-        return [self._out(node_f)]
+        members = sorted(grp.members.values(), key=lambda m: (m.node, m.gpu_index if m.gpu_index is not None else -1))
+        out: list[Failure] = []
+        states = [FailureState.OPEN] if not done else [FailureState.RESOLVED]
+        if done and gid not in self.published:
+            states.insert(0, FailureState.OPEN)
+        for state in states:
+            group_f = ctx.aggregate(members, state, grp.scope)
+            update: dict[str, object] = {}
+            if group_f.failure_id != gid:
+                update["failure_id"] = gid
+            if grp.failure is not None and group_f.node != grp.failure.node:
+                update["node"] = grp.failure.node
+            if update:
+                group_f = group_f.model_copy(update=update)
+            grp.failure, grp.last_emitted = group_f, grp.newest
+            self.latest[gid] = group_f
+            out.append(self._out(group_f))
+        return out
 
     # -- publishing ------------------------------------------------------------------------
     def _answered(self) -> dict[str, set[str]]:

@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter
 
 from gpuwarden.shared.bus import Producer
 from gpuwarden.shared.models import (
@@ -66,12 +66,12 @@ class DetectorService(Service):
             "gpu.attributed samples whose job attribution was unknown (job-dependent rules took no reading), count",
             registry=self.metrics.registry,
         )
-        Gauge(
+        self.m_late_windows = Counter(
             "gpuwarden_detector_late_job_windows",
             "job.windows records that came after their job's window start was evaluated (the job rules went "
             "without them), count",
             registry=self.metrics.registry,
-        ).set_function(lambda: self.detector.late_windows)
+        )
         self.durable = DetectorDurability(self.detector, settings)  # event-time bounds, state file
         self.reports = JobReporter(settings.detector_price_usd_per_gpu_hour)
         self.reports_out = 0
@@ -115,7 +115,10 @@ class DetectorService(Service):
             for rep in self.reports.observe(value):
                 await self.publish_report(rep)
         elif isinstance(value, JobWindow):
+            late = self.detector.late_windows
             out = self.detector.on_window(value)
+            if self.detector.late_windows > late:
+                self.m_late_windows.inc(self.detector.late_windows - late)
             self.reports.observe(value)
         elif isinstance(value, NodeState):
             out = self.detector.on_node(value)
