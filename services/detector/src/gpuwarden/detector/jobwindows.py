@@ -10,7 +10,6 @@ step.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 from gpuwarden.shared.models import Failure, GpuAttribution, JobState, JobWindow
@@ -19,26 +18,9 @@ from .conditions import ConditionRule, JobContext, Reading, evaluate_job
 
 __all__ = ["WINDOW_LAG", "JobWindows"]
 
-#: A job's window start is evaluated with the windows it has once the job's newest node (its
-#: second newest, in a job of three nodes or more) is this many windows past it (a node that
-#: stopped reporting must not hold the job's rules forever).
+#: A job's window start is evaluated with the windows it has once the job's newest node is this
+#: many windows past it (a node that stopped reporting must not hold the job's rules forever).
 WINDOW_LAG = 6
-
-
-def _second_newest(tally: dict[float, int]) -> float:
-    """The newest window start that two nodes have reached (``tally``: newest start -> nodes).
-
-    The lag rule measures from it, not from the newest node: one node far ahead (a skewed
-    clock, a bulk release) would otherwise make every start "6 windows behind" before the
-    others sent it, and the job rules would see that node alone in each window while the
-    others' windows came late. A node that stopped reporting still cannot hold the job back
-    (the others pass it). A job of one or two nodes measures from the newest (the caller)."""
-    seen = 0
-    for start in sorted(tally, reverse=True):
-        seen += tally[start]
-        if seen >= 2:
-            return start
-    return -math.inf  # one node has reported so far: it alone moves nothing
 
 
 class JobWindows:
@@ -131,7 +113,7 @@ class JobWindows:
         # every node of the job reported a newer window: only when all the nodes Slurm gives the
         # job have reported (one that has not yet is not ahead of anything)
         low = min(tally) if len(marks) >= self.nodes_in_job(w.job_id) else -1.0
-        high = _second_newest(tally) if max(len(marks), self.nodes_in_job(w.job_id)) > 2 else max(tally)
+        high = max(tally)
         lag = WINDOW_LAG * max(w.window_end - w.window_start, 1e-9)
         ready = [
             start
