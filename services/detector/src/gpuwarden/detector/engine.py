@@ -309,29 +309,8 @@ class Detector(EventEpisodes, JobWindows):
             ),
             *[e for m in members for e in m.evidence[:1]],
         ][:MAX_EVIDENCE]
-        job = (
-            GpuAttribution(
-                gpu_index=gpus[0] if gpus else 0, job_id=first.job_id, user=first.user, partition=first.partition
-            )
-            if first.job_id
-            else None
-        )
-        last = first.evidence[-1] if first.evidence else None
-        message = f"GPUs {','.join(map(str, gpus))}" + (
-            f": {last.signal}={last.value}{' ' + last.unit if last.unit else ''}" if last else ""
-        )
-        finding = Finding(
-            node=first.node,
-            gpu_index=None,
-            first_seen=first.first_seen,
-            last_seen=max(m.last_seen for m in members),
-            occurrences=sum(m.occurrences for m in members),
-            evidence=evidence,
-            job=job,
-            message=message,
-            state=state,
-            gpus=gpus,
-        )
+        head = f"GPUs {','.join(map(str, gpus))}"
+        finding = _group_finding(first, members, state, first.node, gpus[0] if gpus else 0, head, evidence, gpus)
         return render(rule, finding, self.price, rule.cost.scope)
 
     def aggregate_job(self, members: list[Failure], state: FailureState) -> Failure:
@@ -370,33 +349,10 @@ class Detector(EventEpisodes, JobWindows):
             ],
             *[e for m in members for e in m.evidence[:1]],
         ][:MAX_EVIDENCE]
-        job = (
-            GpuAttribution(
-                gpu_index=min(by_node[first.node] or {0}),
-                job_id=first.job_id,
-                user=first.user,
-                partition=first.partition,
-            )
-            if first.job_id
-            else None
-        )
-        last = first.evidence[-1] if first.evidence else None
-        message = f"{n_gpus} GPUs on {len(nodes)} nodes" + (
-            f": {last.signal}={last.value}{' ' + last.unit if last.unit else ''}" if last else ""
-        )
-        finding = Finding(
-            node=where,
-            gpu_index=None,
-            first_seen=first.first_seen,
-            last_seen=max(m.last_seen for m in members),
-            occurrences=sum(m.occurrences for m in members),
-            evidence=evidence,
-            job=job,
-            message=message,
-            state=state,
-            # the same GPUs on every node: named; else every index that idles somewhere
-            gpus=sorted({g for s in by_node.values() for g in s}) if len(shapes) > 1 else sorted(next(iter(shapes))),
-        )
+        # the same GPUs on every node: named; else every index that idles somewhere
+        gpus = sorted({g for s in by_node.values() for g in s}) if len(shapes) > 1 else sorted(next(iter(shapes)))
+        head = f"{n_gpus} GPUs on {len(nodes)} nodes"
+        finding = _group_finding(first, members, state, where, min(by_node[first.node] or {0}), head, evidence, gpus)
         f = render(rule, finding, self.price, rule.cost.scope)
         affected = f.cost.affected_gpus if rule.cost.scope == "job" else n_gpus
         hours = max(0.0, f.last_seen - f.first_seen) / 3600.0
@@ -628,3 +584,37 @@ class Detector(EventEpisodes, JobWindows):
         self._tracked = {}
         for _rule_id, node, gpu, _job_id in self._trackers:
             self._tracked[(node, gpu)] = self._tracked.get((node, gpu), 0) + 1
+
+
+def _group_finding(
+    first: Failure,
+    members: list[Failure],
+    state: FailureState,
+    where: str,
+    job_gpu: int,
+    head: str,
+    evidence: list[Evidence],
+    gpus: list[int],
+) -> Finding:
+    """The :class:`Finding` of a node- or job-level failure made of ``members`` (``first`` the
+    earliest): on ``where`` (a node, or a hostlist), the job as ``first`` names it (on GPU
+    ``job_gpu``), the message ``head`` and ``first``'s last reading, spans and counts over all."""
+    job = (
+        GpuAttribution(gpu_index=job_gpu, job_id=first.job_id, user=first.user, partition=first.partition)
+        if first.job_id
+        else None
+    )
+    last = first.evidence[-1] if first.evidence else None
+    message = head + (f": {last.signal}={last.value}{' ' + last.unit if last.unit else ''}" if last else "")
+    return Finding(
+        node=where,
+        gpu_index=None,
+        first_seen=first.first_seen,
+        last_seen=max(m.last_seen for m in members),
+        occurrences=sum(m.occurrences for m in members),
+        evidence=evidence,
+        job=job,
+        message=message,
+        state=state,
+        gpus=gpus,
+    )

@@ -267,19 +267,10 @@ class PendingStage:
     def _aggregate(self, fid: str, ex: Explain, ctx: StageContext) -> list[Failure] | None:
         f = self.held[fid].latest_open
         w = ex.window_s
-        for gid, grp in self.groups.items():  # an open group of this rule, node and job: join it
-            g = grp.failure
-            if (
-                g is not None
-                and grp.scope == "node"
-                and g.rule_id == f.rule_id
-                and g.node == f.node
-                and g.job_id == f.job_id
-                and g.state is FailureState.OPEN
-                and g.first_seen - w <= f.first_seen <= g.last_seen + w
-            ):
-                del self.held[fid]
-                return self._join(gid, [fid], ctx)
+        gid = self._open_group(f, w, "node")  # an open group of this rule, node and job: join it
+        if gid is not None:
+            del self.held[fid]
+            return self._join(gid, [fid], ctx)
         peers = [
             pid
             for pid, h in self.held.items()
@@ -319,27 +310,36 @@ class PendingStage:
         job = f.job_id
         # the per-node share holds for joining too: a node with one idle GPU of eight stands apart
         full = {n for n, gpus in by_node.items() if len(gpus) >= math.ceil(ex.share * ctx.gpus_in_job(n, job))}
-        for gid, grp in self.groups.items():  # the job's open job-level failure of this rule: join it
-            g = grp.failure
-            if (
-                g is not None
-                and grp.scope == "job"
-                and g.rule_id == f.rule_id
-                and g.job_id == f.job_id
-                and g.state is FailureState.OPEN
-                and g.first_seen - w <= f.first_seen <= g.last_seen + w
-            ):
-                inside = full | {m.node for m in grp.members.values()}
-                if f.node not in inside:
-                    return None
-                joining = [p for p in peers if self.held[p].latest_open.node in inside]
-                for p in joining:
-                    del self.held[p]
-                return self._join(gid, joining, ctx)
+        gid = self._open_group(f, w, "job")  # the job's open job-level failure of this rule: join it
+        if gid is not None:
+            inside = full | {m.node for m in self.groups[gid].members.values()}
+            if f.node not in inside:
+                return None
+            joining = [p for p in peers if self.held[p].latest_open.node in inside]
+            for p in joining:
+                del self.held[p]
+            return self._join(gid, joining, ctx)
         need = max(2, math.ceil(ex.job_share * max(ctx.nodes_in_job(job), len(by_node))))
         if f.node not in full or len(full) < need:
             return None
         return self._new_group([p for p in peers if self.held[p].latest_open.node in full], ctx, "job")
+
+    def _open_group(self, f: Failure, w: float, scope: str) -> str | None:
+        """The open group of ``scope`` (``node``: also ``f``'s node) with ``f``'s rule and job
+        whose span is within ``w`` of ``f``'s first seen."""
+        for gid, grp in self.groups.items():
+            g = grp.failure
+            if (
+                g is not None
+                and grp.scope == scope
+                and g.rule_id == f.rule_id
+                and (scope == "job" or g.node == f.node)
+                and g.job_id == f.job_id
+                and g.state is FailureState.OPEN
+                and g.first_seen - w <= f.first_seen <= g.last_seen + w
+            ):
+                return gid
+        return None
 
     def _new_group(self, peers: list[str], ctx: StageContext, scope: str) -> list[Failure]:
         """A new node- or job-level failure of the held candidates ``peers`` (taken out of held)."""
