@@ -112,3 +112,57 @@ def test_no_held_record_is_released_between_the_revocation_checkpoint_and_the_dr
 class _Rec:
     def __init__(self, offset: int, value: bytes) -> None:
         self.topic, self.partition, self.offset, self.value = "gpu.samples", 0, offset, value
+
+
+class SlowLeave:
+    """The shared consumer at ``Service.stop``: its final commit checkpoints, then leaving the
+    group takes ``delay_s`` (the LeaveGroup round trip), while ``during`` runs."""
+
+    def __init__(self, service: CorrelatorService, during: Any, delay_s: float = 0.2) -> None:
+        self.service, self.during, self.delay_s = service, during, delay_s
+        self.committed: dict[TopicPartition, int] = {}
+        self.task: asyncio.Future[None] | None = None
+
+    async def stop_gracefully(self, task: Any, grace_s: float = 10.0) -> None:
+        tp = TopicPartition(self.service.settings.topic("gpu.samples"), 0)
+        self.committed = await self.service._checkpoint({tp: 60})
+        self.task = asyncio.ensure_future(self.during())  # the Slurm reader's or the hold timer's
+        await asyncio.sleep(self.delay_s)
+
+
+def test_no_held_record_is_released_while_a_stopping_worker_leaves_the_group() -> None:
+    """The same race on the way out (found by the restarts test again: 18 windows twice, 0.1 s
+    apart, at a graceful leave): the final commit is capped below the held records, so a release
+    while the consumer leaves the group would emit windows its next owner emits again."""
+
+    async def scenario() -> None:
+        svc, out = _service()
+        job = JobState(job_id="7", ts=T0, state="RUNNING", user="u", nodes=[NODE], gpus={NODE: [0]},
+                       start_ts=T0 - 100)  # fmt: skip
+        svc.view.apply_job(job)
+        svc.view.on_position(0, 1)
+        svc.view.on_watermark(SlurmWatermark(cluster="c", ts=T0, jobs_offsets={0: 1}))
+        svc._restored.set()
+        for i, ts in enumerate(range(int(T0) - 30, int(T0) + 30)):
+            s = _sample(float(ts))
+            await svc._handle("gpu.samples", s, _Rec(i, s.to_json()))
+        assert svc.core.held_count == 29
+        before = len(out.sent)
+
+        async def watermark_passes() -> None:
+            svc.view.on_watermark(SlurmWatermark(cluster="c", ts=T0 + 60, jobs_offsets={0: 1}))
+            await svc._release()
+
+        leave = SlowLeave(svc, watermark_passes)
+        svc._consumers = [leave]  # type: ignore[list-item]
+        svc._started = True
+        await asyncio.wait_for(svc.stop(), 10)
+        assert leave.task is not None
+        await asyncio.wait_for(leave.task, 10)
+        after = out.topics()[before:]
+        assert "gpu.attributed" not in after and "job.windows" not in after, after
+        [(_tp, offset)] = leave.committed.items()
+        assert offset == 31, offset  # the held records stay for the next owner
+        assert svc.core.held_count == 29  # still held, never joined
+
+    asyncio.run(scenario())

@@ -19,6 +19,9 @@ committed. So a committed offset never covers a record whose outputs or window s
 on the broker, and nothing is acknowledged that the handler has not seen: no framework sits
 between the fetch and the handler.
 
+**Stop**: held records are no longer released once ``stop()`` begins (the same rule for the
+consumer's final commit and the group leave that follows).
+
 **Rebalance**: on revocation the worker checkpoints and commits, then forgets the revoked
 partitions' nodes, with no release of held records in between (a record released after the
 checkpoint would be emitted here and again by the next owner); on assignment it restores
@@ -231,6 +234,11 @@ class CorrelatorService(Service):
         #: capped below it, windows not yet folded) would be joined and its windows emitted here,
         #: and again by the next owner, which re-reads it from the committed offset
         self._hold_lock = asyncio.Lock()
+        #: set by :meth:`stop` before the consumer's final commit: from then on nothing held is
+        #: released (the final checkpoint caps the commit below the held records; released while
+        #: the consumer leaves the group, their windows would go out here and again from the next
+        #: owner, which re-reads them)
+        self._closing = False
         reg = self.metrics.registry
         self._wm_gauge = Gauge("gpuwarden_correlator_slurm_watermark_seconds",
                                "Event time up to which the Slurm view is complete, epoch s", registry=reg)  # fmt: skip
@@ -244,6 +252,7 @@ class CorrelatorService(Service):
         return self.settings.app_id
 
     async def on_start(self) -> None:
+        self._closing = False
         if "gpu.samples" in self._lane:
             await self._check_changelog()
         await self.reader.start()
@@ -260,6 +269,14 @@ class CorrelatorService(Service):
             # the samples-only lane batches its fetches (XIDs never wait: they are not in it)
             fetch_min_bytes=SAMPLE_FETCH_MIN_BYTES if self._lane == LANES["samples"] else 1,
         )
+
+    async def stop(self) -> None:
+        """Graceful: no held record is released from here on (they stay below the final
+        commit for the next owner); then the shared stop (final checkpoint and commit, leave the
+        group, cancel the Slurm reader and the hold timer)."""
+        async with self._hold_lock:  # a release in progress queues its outputs first
+            self._closing = True
+        await super().stop()
 
     async def on_stop(self) -> None:
         await self.reader.stop()
@@ -308,6 +325,8 @@ class CorrelatorService(Service):
 
     async def _release(self) -> None:
         async with self._hold_lock:
+            if self._closing:
+                return
             outs = self.core.release()
             self._queue(outs)
         if outs:
