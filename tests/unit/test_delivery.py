@@ -270,3 +270,44 @@ async def test_a_long_batch_gives_the_loop_to_other_lanes_while_it_runs() -> Non
     mid_batch = {d for d in progress_seen if 0 < d < n}
     assert len(mid_batch) >= 5, progress_seen[:20]
     assert c.handled == n
+
+
+async def test_a_revocation_commit_waits_for_the_commit_in_progress() -> None:
+    """A rebalance listener's ``commit_now`` while the run loop's commit waits on its checkpoint
+    (the state snapshot taken, its write not yet confirmed): it must not return before that
+    commit has finished, or the next owner restores a state without the snapshot and emits
+    again what the snapshot covered (found by the correlator restarts test: 18 windows twice,
+    0.1 s apart, at a graceful rebalance)."""
+    from aiokafka import TopicPartition
+
+    s = BusSettings(topic_prefix="p.")
+    tp = TopicPartition("p.gpu.samples", 0)
+
+    async def handler(topic: str, value: BaseModel, rec: Any) -> None:
+        return None
+
+    c = Consumer(s, "correlator", ["gpu.samples"], "g", handler, MemoryPublisher(), ServiceMetrics("t"))  # type: ignore[arg-type]
+    fake = OneBatchConsumer([], tp)
+    c._consumer = fake  # type: ignore[assignment]
+    c._handled = {tp: 42}
+    order: list[str] = []
+    snapshot_written = asyncio.Event()
+
+    async def checkpoint(offsets: dict[Any, int]) -> dict[Any, int]:
+        order.append("snapshot taken")
+        await snapshot_written.wait()  # the changelog write in flight
+        order.append("snapshot confirmed")
+        return offsets
+
+    c.checkpoint = checkpoint
+    run_commit = asyncio.create_task(c._commit(fake, force=True))  # type: ignore[arg-type]
+    await asyncio.sleep(0.01)
+    assert order == ["snapshot taken"]
+    revocation = asyncio.create_task(c.commit_now())
+    await asyncio.sleep(0.05)
+    assert not revocation.done(), "the revocation returned while the snapshot was still in flight"
+    snapshot_written.set()
+    await asyncio.wait_for(asyncio.gather(run_commit, revocation), 5)
+    order.append("revocation done")
+    assert order == ["snapshot taken", "snapshot confirmed", "revocation done"]
+    assert fake.committed == {tp: 42}

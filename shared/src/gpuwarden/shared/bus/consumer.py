@@ -109,6 +109,12 @@ class Consumer:
             getattr(settings, "edge_max_behind_s", 365 * 86400.0),
         )
         self.rejected = 0
+        #: one commit at a time: a revocation's commit (:meth:`commit_now`, from aiokafka's
+        #: rebalance listener) waits for the run loop's commit in progress, whose checkpoint has
+        #: taken the handled offsets and the state snapshot but not yet confirmed them (returning
+        #: at once with nothing to commit, the revocation let the next owner restore a state
+        #: without that snapshot and re-emit what it covered)
+        self._commit_lock = asyncio.Lock()
         self._last_commit = 0.0
         self.handled = 0
         self.handed_back = 0
@@ -190,6 +196,10 @@ class Consumer:
         Raises:
             DeliveryError: outputs not confirmed (nothing committed).
         """
+        async with self._commit_lock:
+            await self._commit_locked(c, force)
+
+    async def _commit_locked(self, c: AIOKafkaConsumer, force: bool) -> None:
         if not self._handled:
             return
         if not force and time.monotonic() - self._last_commit < self._commit_interval_s:
