@@ -238,6 +238,11 @@ def test_correlator_windows_equal_the_pure_fold_of_what_it_publishes() -> None:
     expected, late = run(published)
     key = lambda w: (w.job_id, w.node, w.gpu_index, w.window_start)
     assert late == [] and len(windows) == len(expected) > 0
+    # each window names its input partition and how far that partition was when it closed
+    # (at least the window's end plus its grace: the sample that closed it)
+    assert all(w.stream_partition == 0 and w.stream_ts is not None and w.stream_ts >= w.window_end + 5
+               for w in windows)  # fmt: skip
+    windows = [w.model_copy(update={"stream_partition": None, "stream_ts": None}) for w in windows]
     assert sorted(windows, key=key) == sorted(expected, key=key)
     assert [key(w) for w in windows] == [key(w) for w in expected]  # same order too
 

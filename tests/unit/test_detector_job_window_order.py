@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuwarden.detector import Detector, load_catalog
-from gpuwarden.detector.jobwindows import WINDOW_LAG
+from gpuwarden.detector.jobwindows import STREAM_LAG, WINDOW_LAG
 from gpuwarden.shared.models import JobState, JobWindow
 
 T0 = 1_700_000_000.0
@@ -85,3 +85,74 @@ def test_a_node_of_the_job_without_its_gpus_is_not_waited_for() -> None:
             for w in _windows(n, k):
                 d.on_window(w)
     assert [g[0].window_start for g in d._history["88"]] == [T0]
+
+
+def _streamed(node: str, k: int, partition: int, progress_k: float) -> list[JobWindow]:
+    """``node``'s windows of start k, closed when its correlator partition had reached the end
+    of window ``progress_k`` plus the 5 s grace."""
+    return _windows(node, k, stream_partition=partition, stream_ts=T0 + 10 * progress_k + 15)
+
+
+def _starts(d: Detector) -> list[float]:
+    return [g[0].window_start - T0 for g in d._history.get("88", [])]
+
+
+def test_a_partition_that_is_behind_holds_the_window_instead_of_losing_its_nodes() -> None:
+    """n3's correlator partition is 20 windows behind n1's and n2's (a worker restarting, a
+    replay at 50x under load): the job's windows wait for it, far past the 6 windows that once
+    split the job, and every window start is evaluated whole once it comes (issue 23: the large
+    job scenarios at 50x under a CPU hog)."""
+    d = Detector(load_catalog())
+    _running(d, ["n1", "n2", "n3"])
+    behind = 20
+    for w in _streamed("n3", 0, 1, 0):
+        d.on_window(w)
+    for k in range(behind):
+        for n in ("n1", "n2"):
+            for w in _streamed(n, k, 0, k):
+                d.on_window(w)
+    assert _starts(d) == [0], "evaluated without the node of the partition that is behind"
+    for k in range(1, behind):
+        for w in _streamed("n3", k, 1, k):
+            d.on_window(w)
+    assert _starts(d) == [10 * k for k in range(behind)]
+    assert all({w.node for w in g} == {"n1", "n2", "n3"} for g in d._history["88"])
+    assert d.late_windows == 0
+
+
+def test_a_node_silent_on_its_own_partition_stops_holding_the_job() -> None:
+    """n3 shares partition 0 with n1 and n2 and stops reporting after its first window: once
+    partition 0 is STREAM_LAG windows past a window's end, the window start goes without n3."""
+    d = Detector(load_catalog())
+    _running(d, ["n1", "n2", "n3"])
+    for n in ("n1", "n2", "n3"):
+        for w in _streamed(n, 0, 0, 0):
+            d.on_window(w)
+    ahead = STREAM_LAG + 6
+    for k in range(1, ahead):
+        for n in ("n1", "n2"):
+            for w in _streamed(n, k, 0, k):
+                d.on_window(w)
+    # the partition reached window ahead - 1 (+ grace): the starts up to STREAM_LAG before it
+    assert _starts(d) == [10 * k for k in range(ahead - STREAM_LAG)]
+    history = d._history["88"]
+    assert {w.node for w in history[0]} == {"n1", "n2", "n3"}
+    assert all({w.node for w in g} == {"n1", "n2"} for g in history[1:])
+
+
+def test_windows_without_a_partition_wait_for_the_backstop() -> None:
+    """Windows from an older correlator name no partition: only every node's newer window, all
+    the job's GPUs, or the WINDOW_LAG backstop makes a start ready."""
+    d = Detector(load_catalog())
+    _running(d, ["n1", "n2", "n3"])
+    for w in _windows("n3", 0):
+        d.on_window(w)
+    for k in range(WINDOW_LAG + 1):
+        for n in ("n1", "n2"):
+            for w in _windows(n, k):
+                d.on_window(w)
+    assert _starts(d) == [0]  # complete: every GPU of the job
+    for n in ("n1", "n2"):
+        for w in _windows(n, WINDOW_LAG + 1):
+            d.on_window(w)
+    assert _starts(d) == [0, 10]

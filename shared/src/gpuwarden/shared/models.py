@@ -490,6 +490,15 @@ class JobWindow(Model):
     tensor_activity_pct_mean: float | None = Field(None, description="Mean tensor pipe activity, %")
     sm_occupancy_pct_mean: float | None = Field(None, description="Mean SM occupancy, %")
     processes_max: int | None = Field(None, ge=0, description="Most compute processes seen at once, count")
+    stream_partition: int | None = Field(
+        None, ge=0, description="The gpu.samples partition of the node's samples (the correlator's input)"
+    )
+    stream_ts: float | None = Field(
+        None,
+        description="Event time the correlator had reached on that partition when it closed this window "
+        "(its newest sample ts there), epoch s: how far the node's peers on the partition are, so a "
+        "reader tells a node gone silent from a partition that is behind",
+    )
 
 
 class Category(StrEnum):

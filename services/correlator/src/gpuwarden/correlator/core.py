@@ -46,6 +46,7 @@ from gpuwarden.shared.models import (
     GpuAttribution,
     GpuEvent,
     JobState,
+    JobWindow,
     NodeSample,
     SlurmWatermark,
     dumps,
@@ -180,6 +181,9 @@ class Correlator:
         self.released = 0
         #: node -> partition of its input records (for checkpoints and revocation)
         self.partition_of: dict[str, int] = {}
+        #: gpu.samples partition -> newest sample ts joined from it (each job window carries its
+        #: partition's: the detector tells a silent node from a partition that is behind)
+        self.stream_ts: dict[int, float] = {}
         #: nodes whose window state changed since the last :meth:`take_dirty`
         self.dirty: set[str] = set()
         #: node -> (the allocations dict it was computed from, (coverage, GPU indices) -> attributions):
@@ -385,9 +389,13 @@ class Correlator:
         self.dirty.add(node)
         if step.late:
             self._late(node, sample.ts, step.late)
+        partition = self.partition_of.get(node, 0)
+        progress = self.stream_ts.get(partition)
+        if progress is None or sample.ts > progress:
+            progress = self.stream_ts[partition] = sample.ts
         # The windows this sample closed come first: the order in which a consumer of every
         # output in turn (the in-process runner) saw them when they came from gpu.attributed.
-        outs = [Output("job.windows", w.job_id, dumps(w)) for w in step.closed]
+        outs = [Output("job.windows", w.job_id, dumps(_streamed(w, partition, progress))) for w in step.closed]
         outs.append(Output("gpu.attributed", node, attributed_json(value, jobs_json, known)))
         return outs
 
@@ -417,7 +425,9 @@ class Correlator:
             step.state["wm"] = wm_node
             self.windows.set(node, step.state)
             self.dirty.add(node)
-            outs += [Output("job.windows", w.job_id, dumps(w)) for w in step.closed]
+            partition = self.partition_of.get(node, 0)
+            progress = self.stream_ts.get(partition)
+            outs += [Output("job.windows", w.job_id, dumps(_streamed(w, partition, progress))) for w in step.closed]
         return outs
 
     # -- checkpoints (the service) ---------------------------------------------------------
@@ -456,6 +466,8 @@ class Correlator:
             queue = self.held.pop(node, None)
             if queue:
                 self.held_count -= len(queue)
+        for p in partitions:
+            self.stream_ts.pop(p, None)
         return len(gone)
 
     def _attribute(
@@ -504,6 +516,11 @@ class Correlator:
         # the shared rule: a value over DEAD_LETTER_MAX_BYTES goes by reference (size, prefix)
         dl = dead_letter_of(SERVICE, full, partition, offset, key, value, error, self.clock())
         return Output("deadletter", full, dumps(dl))
+
+
+def _streamed(w: JobWindow, partition: int, progress: float | None) -> JobWindow:
+    """``w`` with the partition of its node's samples and that partition's event-time progress."""
+    return w.model_copy(update={"stream_partition": partition, "stream_ts": progress})
 
 
 def attributed_json(sample_json: bytes, jobs_json: bytes, known: bool = True) -> bytes:

@@ -3,24 +3,32 @@ start until the job's window is complete, then the job-scope condition rules (id
 hang, stragglers, ...) over it with the job's recent history.
 
 State (in the detector's snapshot): ``_windows``, ``_window_marks``, ``_window_tally``,
-``_window_done``, ``late_windows``, ``_history``, ``_job_ctx``, ``_job_starts``, ``_job_nodes``. Mixed into
+``_window_ptally``, ``_window_stream``, ``_stream_progress``, ``_window_done``, ``late_windows``,
+``_history``, ``_job_ctx``, ``_job_starts``, ``_job_nodes``. Mixed into
 :class:`~gpuwarden.detector.engine.Detector`, which owns the condition trackers these rules
 step.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from gpuwarden.shared.models import Failure, GpuAttribution, JobState, JobWindow
 
 from .conditions import ConditionRule, JobContext, Reading, evaluate_job
 
-__all__ = ["WINDOW_LAG", "JobWindows"]
+__all__ = ["STREAM_LAG", "WINDOW_LAG", "JobWindows"]
 
-#: A job's window start is evaluated with the windows it has once the job's newest node is this
-#: many windows past it (a node that stopped reporting must not hold the job's rules forever).
-WINDOW_LAG = 6
+#: A job's window start is evaluated without a node that has not reported it once the node's own
+#: correlator input partition (``JobWindow.stream_partition``) is this many windows past the
+#: window's end (``stream_ts``): the node's peers on that partition moved on, it went silent.
+#: A partition that is behind (its correlator worker restarting, a backlog) holds the window.
+STREAM_LAG = 6
+#: The backstop: a job's window start is evaluated with the windows it has once the job's newest
+#: node is this many windows past it, whatever the partitions say (a node never reported, windows
+#: without a partition from an older correlator, a correlator partition down for this long).
+WINDOW_LAG = 30
 
 
 class JobWindows:
@@ -32,6 +40,12 @@ class JobWindows:
     _window_marks: dict[str, dict[str, float]]
     #: job -> newest window start -> how many nodes have it
     _window_tally: dict[str, dict[float, int]]
+    #: job -> the nodes' gpu.samples partition (-1: not named) -> newest window start -> how many nodes
+    _window_ptally: dict[str, dict[int, dict[float, int]]]
+    #: job -> node -> the gpu.samples partition its windows name (-1: none)
+    _window_stream: dict[str, dict[str, int]]
+    #: gpu.samples partition -> the newest ``stream_ts`` a window from it carried (event time, s)
+    _stream_progress: dict[int, float]
     #: job -> newest window start evaluated (a window at or before it is late: not evaluated again)
     _window_done: dict[str, float]
     #: windows that came after their window start was evaluated (their job rules did without them)
@@ -62,6 +76,9 @@ class JobWindows:
         self._windows = {}
         self._window_marks = {}
         self._window_tally = {}
+        self._window_ptally = {}
+        self._window_stream = {}
+        self._stream_progress = {}
         self._window_done = {}
         self.late_windows = 0
         self._history = {}
@@ -78,52 +95,77 @@ class JobWindows:
 
     def _on_window(self, w: JobWindow) -> list[Failure]:
         """Job-scope condition rules over one window start of a job, once it is complete: all
-        the job's GPUs reported it, or every node of the job (as many as Slurm's allocations
-        give it, at least those that reported) has reported a newer window, or the newest node
-        is :data:`WINDOW_LAG` windows past it (a node that stopped reporting).
+        the job's GPUs reported it; or, once every node of the job (as many as Slurm's
+        allocations give it) has reported, each node has reported a newer window or is silent
+        in its own stream (its correlator input partition is :data:`STREAM_LAG` windows past
+        the window's end without it); or the job's newest node is :data:`WINDOW_LAG` windows
+        past it (the backstop).
 
         Readiness depends on the windows' event times, not on the order in which nodes'
         windows arrive: windows of a job's nodes come from different correlator partitions and
-        can arrive a few windows apart (a replay at 50x releases a node's held samples in bulk).
-        A window whose start was already evaluated is late: it updates its node's progress and
-        is counted (``late_windows``), but is not evaluated again as a group of its own (a group
-        of the late nodes alone would look like another job: the whole job stalled).
+        can arrive many windows apart (a correlator worker that restarts, a replay at 50x under
+        load). A node is judged silent against its own partition's progress, never against
+        another partition's, so a partition that is behind holds the window instead of losing
+        its nodes' windows. A window whose start was already evaluated is late: it updates its
+        node's progress and is counted (``late_windows``), but is not evaluated again as a
+        group of its own (a group of the late nodes alone would look like another job: the
+        whole job stalled).
         """
-        marks = self._window_marks.setdefault(w.job_id, {})
-        late = w.window_start <= self._window_done.get(w.job_id, -1.0)
+        job_id = w.job_id
+        size = max(w.window_end - w.window_start, 1e-9)
+        part = w.stream_partition if w.stream_partition is not None else -1
+        if part >= 0 and w.stream_ts is not None and w.stream_ts > self._stream_progress.get(part, -1.0):
+            self._stream_progress[part] = w.stream_ts
+        marks = self._window_marks.setdefault(job_id, {})
+        late = w.window_start <= self._window_done.get(job_id, -1.0)
         if late:
             self.late_windows += 1
         else:
-            self._windows.setdefault(w.job_id, {}).setdefault(w.window_start, {})[(w.node, w.gpu_index)] = w
-        # how many nodes have each newest window start: low/high without a scan of every node
-        # (a 3,125-node job would make every window O(nodes))
-        tally = self._window_tally.setdefault(w.job_id, {})
+            self._windows.setdefault(job_id, {}).setdefault(w.window_start, {})[(w.node, w.gpu_index)] = w
+        # how many nodes have each newest window start, over the job and per partition: the
+        # bounds without a scan of every node (a 3,125-node job would make every window O(nodes))
         old = marks.get(w.node)
         if old is None or w.window_start > old:
             marks[w.node] = w.window_start
-            tally[w.window_start] = tally.get(w.window_start, 0) + 1
-            if old is not None:
-                if tally[old] <= 1:
-                    del tally[old]
-                else:
-                    tally[old] -= 1
-        groups = self._windows.get(w.job_id)
+            streams = self._window_stream.setdefault(job_id, {})
+            ptally = self._window_ptally.setdefault(job_id, {})
+            _count(self._window_tally.setdefault(job_id, {}), old, w.window_start)
+            old_part = streams.get(w.node, part)
+            if old_part != part:  # the node's samples moved partition (gpu.samples repartitioned)
+                _count(ptally.setdefault(old_part, {}), old, None)
+                old = None
+            streams[w.node] = part
+            _count(ptally.setdefault(part, {}), old, w.window_start)
+        groups = self._windows.get(job_id)
         if not groups:
             return []
-        # every node of the job reported a newer window: only when all the nodes Slurm gives the
-        # job have reported (one that has not yet is not ahead of anything)
-        low = min(tally) if len(marks) >= self.nodes_in_job(w.job_id) else -1.0
-        high = max(tally)
-        lag = WINDOW_LAG * max(w.window_end - w.window_start, 1e-9)
+        tally = self._window_tally[job_id]
+        backstop = max(tally) - WINDOW_LAG * size
+        # every node of the job reported a newer window or is silent on its partition: only when
+        # all the nodes Slurm gives the job have reported (one that has not yet is not ahead of
+        # anything, and its partition is not known)
+        frontier = -math.inf
+        if len(marks) >= self.nodes_in_job(job_id):
+            bounds = []
+            for p, pt in self._window_ptally.get(job_id, {}).items():
+                if not pt:
+                    continue
+                f = min(pt) - size / 2  # a start before every mark of the partition's nodes
+                progress = self._stream_progress.get(p) if p >= 0 else None
+                if progress is not None:
+                    f = max(f, progress - (STREAM_LAG + 1) * size)
+                bounds.append(f)
+            if bounds:
+                frontier = min(bounds)
         ready = [
             start
             for start in sorted(groups)
-            if start < low or start <= high - lag or (w.job_gpus is not None and len(groups[start]) >= w.job_gpus)
+            if start <= frontier or start <= backstop or (w.job_gpus is not None and len(groups[start]) >= w.job_gpus)
         ]
         out: list[Failure] = []
         for start in ready:
             windows = sorted(groups.pop(start).values(), key=lambda x: (x.node, x.gpu_index))
-            self._window_done[w.job_id] = max(start, self._window_done.get(w.job_id, start))
+            self._window_done[job_id] = max(start, self._window_done.get(w.job_id, start))
             history = self._history.setdefault(w.job_id, [])
             first = windows[0]
             ctx = self._job_ctx.get(w.job_id)
@@ -167,8 +209,21 @@ class JobWindows:
         self._windows.pop(job_id, None)
         self._window_marks.pop(job_id, None)
         self._window_tally.pop(job_id, None)
+        self._window_ptally.pop(job_id, None)
+        self._window_stream.pop(job_id, None)
         self._window_done.pop(job_id, None)
         self._history.pop(job_id, None)
         self._job_ctx.pop(job_id, None)
         self._job_starts.pop(job_id, None)
         self._job_nodes.pop(job_id, None)
+
+
+def _count(tally: dict[float, int], old: float | None, new: float | None) -> None:
+    """Move one node's count in ``tally`` from window start ``old`` to ``new`` (None: none)."""
+    if old is not None:
+        if tally.get(old, 0) <= 1:
+            tally.pop(old, None)
+        else:
+            tally[old] -= 1
+    if new is not None:
+        tally[new] = tally.get(new, 0) + 1
