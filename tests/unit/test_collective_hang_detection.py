@@ -19,7 +19,7 @@ from gpuwarden.detector import Detector, load_catalog
 from gpuwarden.detector.conditions import Hang
 from gpuwarden.recordings import gpu_spec, load_recording
 from gpuwarden.recordings.analyze import analyze_recording, fill_from_spec
-from gpuwarden.shared.models import Failure, FailureState, JobWindow
+from gpuwarden.shared.models import Failure, FailureState, JobState, JobWindow
 from gpuwarden.shared.scenario import load_scenario
 from prerequisites import need_path
 
@@ -117,6 +117,9 @@ def _hang_opened_after_s(
     """Event seconds from the start of window ``start`` (the hang's onset) to the collective-hang's
     detection (its ``first_seen``), None when it never opens."""
     d = Detector(load_catalog())
+    # the job's running state, as the detector's event lane reads it from slurm.jobs
+    d.on_job(JobState(job_id="91", ts=T0, state="RUNNING", user="carol", partition="gpu", nodes=["n1", "n2"],
+                      gpus={"n1": [0, 1, 2, 3], "n2": [0, 1, 2, 3]}, start_ts=T0))  # fmt: skip
     out: list[Failure] = []
     for k in range(count):
         for w in _windows(k, per_gpu):

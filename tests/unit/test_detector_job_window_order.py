@@ -64,14 +64,34 @@ def test_a_window_start_waits_for_every_node_of_the_job() -> None:
     assert d.late_windows == 0
 
 
-def test_without_the_jobs_state_the_nodes_that_reported_decide() -> None:
-    """No JobState seen (the node count unknown): as before, the nodes that reported."""
+def test_without_the_jobs_state_a_start_waits_for_all_its_gpus() -> None:
+    """No JobState read yet (the event lane behind the sample lane): the nodes that reported
+    first are not the job. Found by ``partial-idle-large-job`` at 50x under a CPU hog: 3 of 8
+    nodes' first windows evaluated as the job, the other 5 nodes' windows late, three node-level
+    findings instead of one for the job. A start waits for all the job's GPUs (``job_gpus``,
+    from the windows) or the backstop."""
     d = Detector(load_catalog())
     for k in range(3):
         for n in ("n1", "n2"):
             for w in _windows(n, k):
                 d.on_window(w)
-    assert [g[0].window_start for g in d._history["88"]] == [T0, T0 + 10]
+    assert not d._history.get("88")
+    _running(d, ["n1", "n2", "n3"])
+    for k in range(3):
+        for w in _windows("n3", k):
+            d.on_window(w)
+    assert _starts(d) == [0, 10, 20]  # every GPU of the job: complete, whole
+    assert all({w.node for w in g} == {"n1", "n2", "n3"} for g in d._history["88"])
+    assert d.late_windows == 0
+
+
+def test_without_the_jobs_state_the_backstop_still_ends_the_wait() -> None:
+    d = Detector(load_catalog())
+    for k in range(WINDOW_LAG + 1):
+        for n in ("n1", "n2"):
+            for w in _windows(n, k):
+                d.on_window(w)
+    assert _starts(d) == [0]
 
 
 def test_a_node_of_the_job_without_its_gpus_is_not_waited_for() -> None:

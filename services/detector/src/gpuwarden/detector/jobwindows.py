@@ -95,11 +95,11 @@ class JobWindows:
 
     def _on_window(self, w: JobWindow) -> list[Failure]:
         """Job-scope condition rules over one window start of a job, once it is complete: all
-        the job's GPUs reported it; or, once every node of the job (as many as Slurm's
-        allocations give it) has reported, each node has reported a newer window or is silent
-        in its own stream (its correlator input partition is :data:`STREAM_LAG` windows past
-        the window's end without it); or the job's newest node is :data:`WINDOW_LAG` windows
-        past it (the backstop).
+        the job's GPUs reported it; or, once the job's running state has been read and every
+        node of the job (as many as Slurm's allocations give it) has reported, each node has
+        reported a newer window or is silent in its own stream (its correlator input partition
+        is :data:`STREAM_LAG` windows past the window's end without it); or the job's newest
+        node is :data:`WINDOW_LAG` windows past it (the backstop).
 
         Readiness depends on the windows' event times, not on the order in which nodes'
         windows arrive: windows of a job's nodes come from different correlator partitions and
@@ -143,9 +143,12 @@ class JobWindows:
         backstop = max(tally) - WINDOW_LAG * size
         # every node of the job reported a newer window or is silent on its partition: only when
         # all the nodes Slurm gives the job have reported (one that has not yet is not ahead of
-        # anything, and its partition is not known)
+        # anything, and its partition is not known); never before the job's running state has
+        # been read (the nodes that reported first are not the job: the event lane that reads
+        # slurm.jobs can be behind the sample lane, at start-up or under load)
         frontier = -math.inf
-        if len(marks) >= self.nodes_in_job(job_id):
+        nodes = self.nodes_in_job(job_id)
+        if nodes and len(marks) >= nodes:
             bounds = []
             for p, pt in self._window_ptally.get(job_id, {}).items():
                 if not pt:
