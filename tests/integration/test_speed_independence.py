@@ -48,8 +48,7 @@ SAMPLE = [
     # about 1 run of 3 until job windows waited for a correlator partition that is behind and
     # for the job's running state (2026-12-06: 3 runs of 3 the same since)
     "partial-idle-large-job",
-    # not here yet: straggler-node-large-job (16 nodes, 2 runs of 2 the same since the fix); make
-    # test-speed runs it
+    "straggler-node-large-job",  # one straggler-node for a 16-node job (4 runs of 4 the same since)
 ]
 
 
