@@ -72,29 +72,40 @@ def _sample(ts: float) -> NodeSample:
                       gpus=[GpuSample(index=0, utilization_gpu_pct=90.0)])  # fmt: skip
 
 
+async def _holding_service() -> tuple[CorrelatorService, Outputs]:
+    """A service that joined 31 readings of NODE (up to T0, where Slurm's view ends) and holds
+    the 29 after it (offsets 31..59 of gpu.samples partition 0)."""
+    svc, out = _service()
+    job = JobState(job_id="7", ts=T0, state="RUNNING", user="u", nodes=[NODE], gpus={NODE: [0]},
+                   start_ts=T0 - 100)  # fmt: skip
+    svc.view.apply_job(job)
+    svc.view.on_position(0, 1)
+    svc.view.on_watermark(SlurmWatermark(cluster="c", ts=T0, jobs_offsets={0: 1}))
+    svc._restored.set()
+    for i, ts in enumerate(range(int(T0) - 30, int(T0) + 30)):
+        s = _sample(float(ts))
+        await svc._handle("gpu.samples", s, _Rec(i, s.to_json()))
+    assert svc.core.held_count == 29, svc.core.held_count
+    return svc, out
+
+
+def _watermark_passes(svc: CorrelatorService) -> Any:
+    """The Slurm reader's step: the watermark passes every held reading, and it releases."""
+
+    async def step() -> None:
+        svc.view.on_watermark(SlurmWatermark(cluster="c", ts=T0 + 60, jobs_offsets={0: 1}))
+        await svc._release()
+
+    return step
+
+
 def test_no_held_record_is_released_between_the_revocation_checkpoint_and_the_drop() -> None:
     async def scenario() -> None:
-        svc, out = _service()
-        job = JobState(job_id="7", ts=T0, state="RUNNING", user="u", nodes=[NODE], gpus={NODE: [0]},
-                       start_ts=T0 - 100)  # fmt: skip
-        svc.view.apply_job(job)
-        svc.view.on_position(0, 1)
-        svc.view.on_watermark(SlurmWatermark(cluster="c", ts=T0, jobs_offsets={0: 1}))
-        svc._restored.set()
-        # readings up to T0 join at once; those after it are held (Slurm's view is not there yet)
-        for i, ts in enumerate(range(int(T0) - 30, int(T0) + 30)):
-            s = _sample(float(ts))
-            await svc._handle("gpu.samples", s, _Rec(i, s.to_json()))
-        held = svc.core.held_count
-        assert held == 29, held
+        svc, out = await _holding_service()
         before = len(out.sent)
 
-        async def watermark_passes() -> None:
-            # the watcher catches up while the revocation commits: the reader releases
-            svc.view.on_watermark(SlurmWatermark(cluster="c", ts=T0 + 60, jobs_offsets={0: 1}))
-            await svc._release()
-
-        svc._consumer = commit = SlowCommit(svc, watermark_passes)
+        # the watcher catches up while the revocation commits: the reader releases
+        svc._consumer = commit = SlowCommit(svc, _watermark_passes(svc))
         await asyncio.wait_for(svc.revoked({TopicPartition(svc.settings.topic("gpu.samples"), 0)}), 10)
         assert commit.task is not None
         await asyncio.wait_for(commit.task, 10)  # the release, once the revocation is done
@@ -136,24 +147,10 @@ def test_no_held_record_is_released_while_a_stopping_worker_leaves_the_group() -
     while the consumer leaves the group would emit windows its next owner emits again."""
 
     async def scenario() -> None:
-        svc, out = _service()
-        job = JobState(job_id="7", ts=T0, state="RUNNING", user="u", nodes=[NODE], gpus={NODE: [0]},
-                       start_ts=T0 - 100)  # fmt: skip
-        svc.view.apply_job(job)
-        svc.view.on_position(0, 1)
-        svc.view.on_watermark(SlurmWatermark(cluster="c", ts=T0, jobs_offsets={0: 1}))
-        svc._restored.set()
-        for i, ts in enumerate(range(int(T0) - 30, int(T0) + 30)):
-            s = _sample(float(ts))
-            await svc._handle("gpu.samples", s, _Rec(i, s.to_json()))
-        assert svc.core.held_count == 29
+        svc, out = await _holding_service()
         before = len(out.sent)
 
-        async def watermark_passes() -> None:
-            svc.view.on_watermark(SlurmWatermark(cluster="c", ts=T0 + 60, jobs_offsets={0: 1}))
-            await svc._release()
-
-        leave = SlowLeave(svc, watermark_passes)
+        leave = SlowLeave(svc, _watermark_passes(svc))
         svc._consumers = [leave]  # type: ignore[list-item]
         svc._started = True
         await asyncio.wait_for(svc.stop(), 10)
