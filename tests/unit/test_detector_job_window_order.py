@@ -176,3 +176,61 @@ def test_windows_without_a_partition_wait_for_the_backstop() -> None:
         for w in _windows(n, WINDOW_LAG + 1):
             d.on_window(w)
     assert _starts(d) == [0, 10]
+
+
+def test_another_jobs_window_ahead_does_not_make_this_jobs_nodes_silent() -> None:
+    """Progress is the job's own: a window of another job from the same correlator partition that
+    is consumed first (it sits in another job.windows partition) or comes from a node whose clock
+    runs ahead says nothing about this job's nodes (found by review: one such window made every
+    later start of the job go with its first GPU window, the rest late)."""
+    d = Detector(load_catalog())
+    _running(d, ["n1", "n2", "n3"])
+    d.on_job(JobState(job_id="99", ts=T0, state="RUNNING", user="eve", nodes=["m1"], gpus={"m1": [0]},
+                      start_ts=T0))  # fmt: skip
+    for n in ("n1", "n2", "n3"):
+        for w in _streamed(n, 0, 0, 0):
+            d.on_window(w)
+    far = JobWindow(job_id="99", node="m1", gpu_index=0, job_gpus=1, window_start=T0 + 90, window_end=T0 + 100,
+                    samples=10, stream_partition=0, stream_ts=T0 + 105)  # fmt: skip
+    d.on_window(far)
+    for k in (1, 2, 3):
+        for n in ("n1", "n2"):
+            for w in _streamed(n, k, 0, k):
+                d.on_window(w)
+    assert _starts(d) == [0]  # starts 1-3 wait for n3
+    for k in (1, 2, 3):
+        for w in _streamed("n3", k, 0, k):
+            d.on_window(w)
+    assert _starts(d) == [0, 10, 20, 30] and d.late_windows == 0
+
+
+def test_an_ended_jobs_last_windows_are_late_or_evaluated_and_leave_no_state() -> None:
+    """A job's last windows close after its end (grace, Slurm hold): a start already evaluated
+    stays evaluated (its late windows are counted, never a group of their own), a complete one is
+    evaluated, and nothing of the job is kept after but its node count and last start."""
+    d = Detector(load_catalog())
+    _running(d, ["n1", "n2", "n3"])
+    for k in range(2):
+        for n in ("n1", "n2", "n3"):
+            for w in _streamed(n, k, 0, k):
+                d.on_window(w)
+    assert _starts(d) == [0, 10]
+    d.on_job(JobState(job_id="88", ts=T0 + 25, state="COMPLETED", user="bob", nodes=["n1", "n2", "n3"],
+                      gpus={n: [0, 1, 2, 3] for n in ("n1", "n2", "n3")}, start_ts=T0, end_ts=T0 + 25))  # fmt: skip
+    assert d.nodes_in_job("88") == 3
+    for w in _streamed("n1", 1, 0, 1):  # a redelivered window of an evaluated start
+        d.on_window(w)
+    assert d.late_windows == 4
+    for n in ("n1", "n2", "n3"):  # the last window, closed after the end
+        for w in _streamed(n, 2, 0, 2):
+            d.on_window(w)
+    for state in (d._windows, d._window_marks, d._window_tally, d._window_ptally, d._window_stream,
+                  d._window_progress, d._history, d._job_ctx):  # fmt: skip
+        assert "88" not in state, state
+    assert d._window_done["88"] == T0 + 20
+    # running again (requeued): its state is kept while it runs
+    _running(d, ["n1", "n2", "n3"])
+    for n in ("n1", "n2", "n3"):
+        for w in _streamed(n, 40, 0, 40):
+            d.on_window(w)
+    assert "88" in d._history

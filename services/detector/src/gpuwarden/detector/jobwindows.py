@@ -3,8 +3,8 @@ start until the job's window is complete, then the job-scope condition rules (id
 hang, stragglers, ...) over it with the job's recent history.
 
 State (in the detector's snapshot): ``_windows``, ``_window_marks``, ``_window_tally``,
-``_window_ptally``, ``_window_stream``, ``_stream_progress``, ``_window_done``, ``late_windows``,
-``_history``, ``_job_ctx``, ``_job_starts``, ``_job_nodes``. Mixed into
+``_window_ptally``, ``_window_stream``, ``_window_progress``, ``_window_done``, ``late_windows``,
+``_history``, ``_job_ctx``, ``_job_starts``, ``_job_nodes``, ``_ended_jobs``. Mixed into
 :class:`~gpuwarden.detector.engine.Detector`, which owns the condition trackers these rules
 step.
 """
@@ -18,7 +18,7 @@ from gpuwarden.shared.models import Failure, GpuAttribution, JobState, JobWindow
 
 from .conditions import ConditionRule, JobContext, Reading, evaluate_job
 
-__all__ = ["STREAM_LAG", "WINDOW_LAG", "JobWindows"]
+__all__ = ["ENDED_JOBS_KEPT", "STREAM_LAG", "WINDOW_LAG", "JobWindows"]
 
 #: A job's window start is evaluated without a node that has not reported it once the node's own
 #: correlator input partition (``JobWindow.stream_partition``) is this many windows past the
@@ -29,6 +29,9 @@ STREAM_LAG = 6
 #: node is this many windows past it, whatever the partitions say (a node never reported, windows
 #: without a partition from an older correlator, a correlator partition down for this long).
 WINDOW_LAG = 30
+#: Ended jobs whose node count and last evaluated window start are kept (oldest dropped first):
+#: a job's last windows close after its end (the window grace, the Slurm hold) and still need both.
+ENDED_JOBS_KEPT = 10_000
 
 
 class JobWindows:
@@ -44,8 +47,12 @@ class JobWindows:
     _window_ptally: dict[str, dict[int, dict[float, int]]]
     #: job -> node -> the gpu.samples partition its windows name (-1: none)
     _window_stream: dict[str, dict[str, int]]
-    #: gpu.samples partition -> the newest ``stream_ts`` a window from it carried (event time, s)
-    _stream_progress: dict[int, float]
+    #: job -> gpu.samples partition -> the newest ``stream_ts`` of the job's windows from it
+    #: (event time, s; the job's own windows only: they share one job.windows partition, so those
+    #: of one gpu.samples partition arrive in the order the correlator closed them)
+    _window_progress: dict[str, dict[int, float]]
+    #: job that ended -> its node count (insertion order: the oldest is dropped first)
+    _ended_jobs: dict[str, int]
     #: job -> newest window start evaluated (a window at or before it is late: not evaluated again)
     _window_done: dict[str, float]
     #: windows that came after their window start was evaluated (their job rules did without them)
@@ -78,7 +85,8 @@ class JobWindows:
         self._window_tally = {}
         self._window_ptally = {}
         self._window_stream = {}
-        self._stream_progress = {}
+        self._window_progress = {}
+        self._ended_jobs = {}
         self._window_done = {}
         self.late_windows = 0
         self._history = {}
@@ -90,8 +98,8 @@ class JobWindows:
     def nodes_in_job(self, job_id: str) -> int:
         """Nodes that Slurm gives ``job_id`` in its latest running state (0 when this detector
         has not seen one: with several workers, the one that reads the job's ``job.windows``
-        partition reads its ``slurm.jobs`` partition too)."""
-        return self._job_nodes.get(job_id, 0)
+        partition reads its ``slurm.jobs`` partition too); after the job ended, the count it had."""
+        return self._job_nodes.get(job_id) or self._ended_jobs.get(job_id, 0)
 
     def _on_window(self, w: JobWindow) -> list[Failure]:
         """Job-scope condition rules over one window start of a job, once it is complete: all
@@ -114,8 +122,10 @@ class JobWindows:
         job_id = w.job_id
         size = max(w.window_end - w.window_start, 1e-9)
         part = w.stream_partition if w.stream_partition is not None else -1
-        if part >= 0 and w.stream_ts is not None and w.stream_ts > self._stream_progress.get(part, -1.0):
-            self._stream_progress[part] = w.stream_ts
+        if part >= 0 and w.stream_ts is not None:
+            progress = self._window_progress.setdefault(job_id, {})
+            if w.stream_ts > progress.get(part, -1.0):
+                progress[part] = w.stream_ts
         marks = self._window_marks.setdefault(job_id, {})
         late = w.window_start <= self._window_done.get(job_id, -1.0)
         if late:
@@ -146,17 +156,20 @@ class JobWindows:
         # anything, and its partition is not known); never before the job's running state has
         # been read (the nodes that reported first are not the job: the event lane that reads
         # slurm.jobs can be behind the sample lane, at start-up or under load)
+        # (counted by the nodes whose partition is known: a state saved before partitions were
+        # tracked knows none, and its nodes count only once they report again)
         frontier = -math.inf
         nodes = self.nodes_in_job(job_id)
-        if nodes and len(marks) >= nodes:
+        if nodes and len(self._window_stream.get(job_id, ())) >= nodes:
             bounds = []
+            progress_of = self._window_progress.get(job_id, {})
             for p, pt in self._window_ptally.get(job_id, {}).items():
                 if not pt:
                     continue
                 f = min(pt) - size / 2  # a start before every mark of the partition's nodes
-                progress = self._stream_progress.get(p) if p >= 0 else None
-                if progress is not None:
-                    f = max(f, progress - (STREAM_LAG + 1) * size)
+                reached = progress_of.get(p) if p >= 0 else None
+                if reached is not None:
+                    f = max(f, reached - (STREAM_LAG + 1) * size)
                 bounds.append(f)
             if bounds:
                 frontier = min(bounds)
@@ -192,6 +205,8 @@ class JobWindows:
                     out += self._cond(rule, node, gpu, src.window_end, reading, job, "job.windows")
             history.append(windows)
             del history[: -self.window_history]
+        if job_id in self._ended_jobs and not groups:
+            self._drop_job_state(job_id)  # a window closed after the job's end: evaluated, nothing waits
         return out
 
     def _job_started(self, job: JobState) -> None:
@@ -199,6 +214,7 @@ class JobWindows:
         # the nodes that will send the job's windows: those holding its GPUs (a node of the job
         # without any of its GPUs sends none); every node when Slurm named no GPUs
         with_gpus = {n for n, gpus in job.gpus.items() if gpus}
+        self._ended_jobs.pop(job.job_id, None)  # running again (requeued)
         if with_gpus or job.nodes:
             self._job_nodes[job.job_id] = len(with_gpus or set(job.nodes))
         if job.start_ts is None:
@@ -208,17 +224,30 @@ class JobWindows:
             self._job_ctx[job.job_id].start_ts = job.start_ts
 
     def _forget_job(self, job_id: str) -> None:
-        """A job that ended: its windows, progress and history go."""
+        """A job that ended: its windows, progress and history go. Its node count and its last
+        evaluated window start stay (for the last :data:`ENDED_JOBS_KEPT` ended jobs): its last
+        windows close after its end, and a window of a start already evaluated is late, never a
+        group of its own."""
+        nodes = self._job_nodes.pop(job_id, 0) or self._ended_jobs.pop(job_id, 0)
+        self._drop_job_state(job_id)
+        self._ended_jobs[job_id] = nodes
+        while len(self._ended_jobs) > ENDED_JOBS_KEPT:
+            oldest = next(iter(self._ended_jobs))
+            del self._ended_jobs[oldest]
+            self._drop_job_state(oldest)
+            self._window_done.pop(oldest, None)
+
+    def _drop_job_state(self, job_id: str) -> None:
+        """Every per-job dict but the node count and the last evaluated window start."""
         self._windows.pop(job_id, None)
         self._window_marks.pop(job_id, None)
         self._window_tally.pop(job_id, None)
         self._window_ptally.pop(job_id, None)
         self._window_stream.pop(job_id, None)
-        self._window_done.pop(job_id, None)
+        self._window_progress.pop(job_id, None)
         self._history.pop(job_id, None)
         self._job_ctx.pop(job_id, None)
         self._job_starts.pop(job_id, None)
-        self._job_nodes.pop(job_id, None)
 
 
 def _count(tally: dict[float, int], old: float | None, new: float | None) -> None:
