@@ -390,12 +390,11 @@ class Correlator:
         if step.late:
             self._late(node, sample.ts, step.late)
         partition = self.partition_of.get(node, 0)
-        progress = self.stream_ts.get(partition)
-        if progress is None or sample.ts > progress:
-            progress = self.stream_ts[partition] = sample.ts
+        if sample.ts > self.stream_ts.get(partition, -math.inf):
+            self.stream_ts[partition] = sample.ts
         # The windows this sample closed come first: the order in which a consumer of every
         # output in turn (the in-process runner) saw them when they came from gpu.attributed.
-        outs = [Output("job.windows", w.job_id, dumps(_streamed(w, partition, progress))) for w in step.closed]
+        outs = self._window_outputs(node, step.closed)
         outs.append(Output("gpu.attributed", node, attributed_json(value, jobs_json, known)))
         return outs
 
@@ -425,10 +424,15 @@ class Correlator:
             step.state["wm"] = wm_node
             self.windows.set(node, step.state)
             self.dirty.add(node)
-            partition = self.partition_of.get(node, 0)
-            progress = self.stream_ts.get(partition)
-            outs += [Output("job.windows", w.job_id, dumps(_streamed(w, partition, progress))) for w in step.closed]
+            outs += self._window_outputs(node, step.closed)
         return outs
+
+    def _window_outputs(self, node: str, closed: list[JobWindow]) -> list[Output]:
+        """``job.windows`` records of ``node``'s closed windows, each with the node's input
+        partition and that partition's event-time progress (``stream_partition``, ``stream_ts``)."""
+        partition = self.partition_of.get(node, 0)
+        update = {"stream_partition": partition, "stream_ts": self.stream_ts.get(partition)}
+        return [Output("job.windows", w.job_id, dumps(w.model_copy(update=update))) for w in closed]
 
     # -- checkpoints (the service) ---------------------------------------------------------
     def take_dirty(self) -> list[tuple[int, str, bytes]]:
@@ -516,11 +520,6 @@ class Correlator:
         # the shared rule: a value over DEAD_LETTER_MAX_BYTES goes by reference (size, prefix)
         dl = dead_letter_of(SERVICE, full, partition, offset, key, value, error, self.clock())
         return Output("deadletter", full, dumps(dl))
-
-
-def _streamed(w: JobWindow, partition: int, progress: float | None) -> JobWindow:
-    """``w`` with the partition of its node's samples and that partition's event-time progress."""
-    return w.model_copy(update={"stream_partition": partition, "stream_ts": progress})
 
 
 def attributed_json(sample_json: bytes, jobs_json: bytes, known: bool = True) -> bytes:

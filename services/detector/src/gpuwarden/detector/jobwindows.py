@@ -181,12 +181,12 @@ class JobWindows:
         out: list[Failure] = []
         for start in ready:
             windows = sorted(groups.pop(start).values(), key=lambda x: (x.node, x.gpu_index))
-            self._window_done[job_id] = max(start, self._window_done.get(w.job_id, start))
-            history = self._history.setdefault(w.job_id, [])
+            self._window_done[job_id] = max(start, self._window_done.get(job_id, start))
+            history = self._history.setdefault(job_id, [])
             first = windows[0]
-            ctx = self._job_ctx.get(w.job_id)
+            ctx = self._job_ctx.get(job_id)
             if ctx is None:
-                ctx = self._job_ctx[w.job_id] = JobContext(self._job_starts.get(w.job_id, first.window_start))
+                ctx = self._job_ctx[job_id] = JobContext(self._job_starts.get(job_id, first.window_start))
             ctx.observe(windows)
             by_gpu: dict[tuple[str, int | None], JobWindow] = {}  # a reading's window: one lookup, not a scan
             for x in windows:
