@@ -124,7 +124,10 @@ PatternGlob = Annotated[str, AfterValidator(check_pattern_glob)]
 class Model(BaseModel):
     """Base of every gpuwarden message: frozen, strict about unknown fields."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
+    #: ``allow_inf_nan=False``: no float of any message is ``NaN`` or infinite, also when it is
+    #: parsed by pydantic's own JSON parser (:func:`~gpuwarden.shared.bus.decode`), which reads the
+    #: non-standard ``NaN``/``Infinity`` literals and turns ``1e999`` into infinity
+    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False, allow_inf_nan=False)
 
     def to_json(self) -> bytes:
         """Serialise to compact JSON bytes (orjson), dropping nothing."""
@@ -190,6 +193,9 @@ GpuIndex = Annotated[int, Field(ge=0, le=MAX_GPU_INDEX)]
 #: control or bidirectional formatting characters.
 Text = Annotated[str, Field(max_length=256, pattern=r"^[^\x00-\x1f\x7f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]*$")]
 Pct = Annotated[float | None, Field(ge=0, le=100)]
+#: A value of the per-link and per-process records of a GPU (``nvlinks``, ``processes``): a JSON
+#: scalar (finite like every number of a message), never an object or list.
+JsonScalar = bool | int | float | str | None
 
 
 class GpuSample(Model):
@@ -257,13 +263,13 @@ class GpuSample(Model):
     pcie_tx_kbps: float | None = Field(None, ge=0, description="PCIe transmit throughput, KB/s")
     pcie_rx_kbps: float | None = Field(None, ge=0, description="PCIe receive throughput, KB/s")
     fan_speed_pct: Pct = Field(None, description="Fan speed, % of maximum")
-    nvlinks: list[dict[str, Any]] | None = Field(
+    nvlinks: list[dict[str, JsonScalar]] | None = Field(
         None,
         max_length=MAX_NVLINKS_PER_GPU,
         description="Per NVLink: link (int), active (bool), crc_flit_errors, crc_data_errors, replay_errors, "
         "recovery_errors (counts; a counter the GPU does not report is absent)",
     )
-    processes: list[dict[str, Any]] | None = Field(
+    processes: list[dict[str, JsonScalar]] | None = Field(
         None,
         max_length=MAX_PROCESSES_PER_GPU,
         description="GPU processes: pid (int), used_memory_mib (float or absent); from nvidia-smi also type "

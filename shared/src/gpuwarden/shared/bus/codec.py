@@ -20,8 +20,11 @@ log = logging.getLogger(__name__)
 def decode(topic: str, value: bytes | None) -> BaseModel:
     """Parse a message value of a registered topic into its model.
 
-    Fields unknown to this version (added by a newer producer) are dropped with a warning
-    instead of rejecting the message, so a rolling upgrade loses nothing; every other
+    The bytes go straight to pydantic's JSON parser (``model_validate_json``: no intermediate
+    dict, a quarter cheaper than ``orjson.loads`` + ``model_validate`` on a sample); every number
+    must be finite (the models' ``allow_inf_nan=False``: ``NaN``, ``Infinity`` and ``1e999`` are
+    refused). Fields unknown to this version (added by a newer producer) are dropped with a
+    warning instead of rejecting the message, so a rolling upgrade loses nothing; every other
     schema violation is an error.
 
     Raises:
@@ -31,27 +34,26 @@ def decode(topic: str, value: bytes | None) -> BaseModel:
     if value is None:
         raise ValueError("empty value (tombstone)")
     spec = TOPICS[topic]
-    try:
-        data = orjson.loads(value)
-    except orjson.JSONDecodeError as exc:
-        raise ValueError(f"not JSON: {exc}") from exc
     if spec.model is None:
         raise ValueError(f"topic {topic} has no schema")
     try:
-        return spec.model.model_validate(data)
+        return spec.model.model_validate_json(value)
     except ValidationError as exc:
         errors = exc.errors()
+        if errors and errors[0]["type"] == "json_invalid":
+            raise ValueError(f"not JSON: {errors[0]['msg']}") from exc
         if not errors or any(e["type"] != "extra_forbidden" for e in errors):
             raise
-        # Only fields this version does not know: a newer producer of the same schema
-        # version (a rolling upgrade). Drop them and keep the message; warn once per field.
-        for e in errors:
-            _drop(data, e["loc"])
-            path = f"{topic}:{'.'.join(str(p) for p in e['loc'] if not isinstance(p, int))}"
-            if path not in _IGNORED_FIELDS:
-                _IGNORED_FIELDS.add(path)
-                log.warning("ignoring unknown field %s (newer producer? upgrade this service)", path)
-        return spec.model.model_validate(data)
+    # Only fields this version does not know: a newer producer of the same schema version (a
+    # rolling upgrade). Drop them and keep the message; warn once per field.
+    data = orjson.loads(value)
+    for e in errors:
+        _drop(data, e["loc"])
+        path = f"{topic}:{'.'.join(str(p) for p in e['loc'] if not isinstance(p, int))}"
+        if path not in _IGNORED_FIELDS:
+            _IGNORED_FIELDS.add(path)
+            log.warning("ignoring unknown field %s (newer producer? upgrade this service)", path)
+    return spec.model.model_validate(data)
 
 
 _IGNORED_FIELDS: set[str] = set()
