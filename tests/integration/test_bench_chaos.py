@@ -17,7 +17,7 @@ GPUWARDEN = Path(sys.executable).with_name("gpuwarden")
 LINE = re.compile(
     r"^chaos: injected (\d+), found (\d+), lost (\d+), duplicate failures (\d+), duplicate drains (\d+), "
     r"foreign reasons overwritten (\d+), fuzzed (\d+), dead-lettered (\d+), crashes (\d+), "
-    r"hostile (\d+), stopped at the edge (\d+), leaked (\d+)$"
+    r"hostile (\d+), stopped at the edge (\d+), leaked (\d+), windows lost (\d+)$"
 )
 
 
@@ -33,7 +33,7 @@ def test_bench_chaos_short_loses_nothing(tmp_path: Path) -> None:
     last = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
     m = LINE.match(last)
     assert m, f"no chaos line at the end:\n{text[-4000:]}"
-    injected, found, lost, dup_f, dup_d, overwritten, fuzzed, dead, crashes, hostile, stopped, leaked = map(
+    injected, found, lost, dup_f, dup_d, overwritten, fuzzed, dead, crashes, hostile, stopped, leaked, wlost = map(
         int, m.groups()
     )
     assert injected == 5 and found == injected, last
@@ -42,4 +42,6 @@ def test_bench_chaos_short_loses_nothing(tmp_path: Path) -> None:
     # issue 25: 1,000 schema-shaped hostile records on each of the 5 raw input topics, each
     # dead-lettered exactly once, by its topic's edge service
     assert hostile == 5000 and stopped == hostile and leaked == 0, last
+    # every job window the valid samples on gpu.samples closed reached job.windows, whole
+    assert wlost == 0, last
     assert out.returncode == 0, text[-4000:]

@@ -19,7 +19,7 @@ def test_chaos_line_is_the_documented_format() -> None:
     assert chaos_line(f) == (
         "chaos: injected 5, found 5, lost 0, duplicate failures 0, duplicate drains 0, "
         "foreign reasons overwritten 0, fuzzed 50, dead-lettered 49, crashes 1, "
-        "hostile 5000, stopped at the edge 4999, leaked 0"
+        "hostile 5000, stopped at the edge 4999, leaked 0, windows lost 0"
     )
 
 
@@ -75,6 +75,7 @@ def test_every_count_and_the_breaker_set_the_exit_code() -> None:
     leaked = ChaosFigures(injected=5, found=5, fuzzed=50, dead_lettered=50, hostile=10, stopped_at_edge=9, leaked=1)
     assert len(chaos_failed(leaked)) == 2
     for bad in ({"lost": 1}, {"found": 4}, {"duplicate_failures": 1}, {"duplicate_drains": 1},
-                {"foreign_overwritten": 1}, {"dead_lettered": 49}, {"crashes": 1}, {"hostile": 1}):  # fmt: skip
+                {"foreign_overwritten": 1}, {"dead_lettered": 49}, {"crashes": 1}, {"hostile": 1},
+                {"windows_lost": 1}, {"readings_lost": 3}):  # fmt: skip
         f = ChaosFigures(**{"injected": 5, "found": 5, "fuzzed": 50, "dead_lettered": 50, **bad})
         assert len(chaos_failed(f)) == 1, bad

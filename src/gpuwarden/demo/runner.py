@@ -135,6 +135,9 @@ class Pipeline:
         self.sim_t = 0.0
         self._drain: Drain | None = None
         self._drain_next = 0.0
+        #: called with (short topic, partition, offset, value) of every record :meth:`poll` reads
+        #: (the chaos bench's window ledger); None: nothing more than ``self.result``
+        self.on_record: Callable[[str, int, int, bytes | None], None] | None = None
 
     # -- environment --------------------------------------------------------------------
     def _env(self, name: str, port: int) -> dict[str, str]:
@@ -272,6 +275,8 @@ class Pipeline:
             self.result.counts[short] = self.result.counts.get(short, 0) + len(recs)
             for r in recs:
                 self.result.observe(short, r.value)
+                if self.on_record is not None:
+                    self.on_record(short, r.partition, r.offset, r.value)
                 try:
                     if short == "failures":
                         f = Failure.model_validate_json(r.value)

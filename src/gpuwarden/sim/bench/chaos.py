@@ -29,7 +29,10 @@ pattern, node and GPU), ``duplicate drains`` (more than one executed drain of a 
 ``fuzzed`` / ``dead-lettered`` (fuzz records injected / those that reached ``deadletter``),
 ``crashes`` (a service exit the bench did not cause), ``hostile`` / ``stopped at the edge`` /
 ``leaked`` (hostile records injected / dead-lettered exactly once, by their topic's edge service
-(``TopicSpec.edge``) / dead-lettered by nobody: some reader took them as valid).
+(``TopicSpec.edge``) / dead-lettered by nobody: some reader took them as valid), ``windows lost``
+(job windows the valid samples on ``gpu.samples`` closed in event time that ``job.windows`` never
+carried, :mod:`gpuwarden.sim.bench.windowledger`; readings missing from those that came fail the
+run too).
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ from gpuwarden.demo.runner import Pipeline, ServiceProc, spawn_service, wait_hea
 from gpuwarden.shared.models import NodeState, RemediationDecision
 from gpuwarden.shared.scenario import load_scenario
 from gpuwarden.sim.kafka_cluster import KRaftCluster
+
+from .windowledger import WindowLedger
 
 __all__ = ["ChaosFigures", "chaos", "chaos_line", "chaos_scenario", "crash_lines"]
 
@@ -105,6 +110,10 @@ class ChaosFigures:
     hostile: int = 0
     stopped_at_edge: int = 0
     leaked: int = 0
+    #: closed job windows the valid samples on gpu.samples imply that job.windows never carried
+    #: (:mod:`gpuwarden.sim.bench.windowledger`), and readings missing from those that came
+    windows_lost: int = 0
+    readings_lost: int = 0
     notes: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -115,7 +124,8 @@ def chaos_line(f: ChaosFigures) -> str:
         f"chaos: injected {f.injected}, found {f.found}, lost {f.lost}, duplicate failures {f.duplicate_failures}, "
         f"duplicate drains {f.duplicate_drains}, foreign reasons overwritten {f.foreign_overwritten}, "
         f"fuzzed {f.fuzzed}, dead-lettered {f.dead_lettered}, crashes {f.crashes}, "
-        f"hostile {f.hostile}, stopped at the edge {f.stopped_at_edge}, leaked {f.leaked}"
+        f"hostile {f.hostile}, stopped at the edge {f.stopped_at_edge}, leaked {f.leaked}, "
+        f"windows lost {f.windows_lost}"
     )
 
 
@@ -140,6 +150,8 @@ def chaos_failed(f: ChaosFigures) -> list[str]:
             f.stopped_at_edge != f.hostile,
             f"{f.hostile - f.stopped_at_edge} of {f.hostile} hostile records not dead-lettered once by their edge",
         ),
+        (f.windows_lost, f"{f.windows_lost} job windows lost (their samples are on gpu.samples)"),
+        (f.readings_lost, f"{f.readings_lost} readings missing from the job windows that came"),
     ]
     return [why for bad, why in checks if bad]
 
@@ -196,6 +208,11 @@ class _Chaos:
         #: (topic, partition, offset) of each hostile record -> its short topic name
         self.hostile: dict[tuple[str, int, int], str] = {}
         self.hostile_per_topic = HOSTILE_PER_TOPIC_SHORT if short else HOSTILE_PER_TOPIC
+        from gpuwarden.correlator.settings import CorrelatorSettings
+
+        size = CorrelatorSettings.model_fields["correlator_window_s"].default
+        grace = CorrelatorSettings.model_fields["correlator_window_grace_s"].default
+        self.ledger = WindowLedger(float(size), float(grace))
         self.t0 = time.monotonic()
 
     def say(self, msg: str) -> None:
@@ -459,6 +476,7 @@ class _Chaos:
         pl = Pipeline(sc_path, scenario, speed=self.speed, bootstrap_servers=self.cluster.bootstrap_servers,
                       partitions=2, workdir=self.workdir / "run")  # fmt: skip
         self.pl = pl
+        pl.on_record = self.ledger.observe  # every record the pipeline's reader sees
         # an admin's drain of the node whose fault comes last: gpuwarden must leave it as it is
         foreign_node = scenario.faults[-1].node
         (pl.workdir).mkdir(parents=True, exist_ok=True)
@@ -550,6 +568,13 @@ class _Chaos:
         self.fig.stopped_at_edge, self.fig.leaked, hostile_by = self.hostile_stopped()
         self.fig.timings["dead letters of hostile records, by service"] = dict(hostile_by)  # type: ignore[assignment]
         self.fig.timings["dead letters of fuzz records, by service"] = dict(by_service)  # type: ignore[assignment]
+        injected = [(p, o) for (t, p, o) in (*self.injected, *self.hostile) if t == f"{self.pl.prefix}gpu.samples"]
+        loss = self.ledger.loss(exclude=injected)
+        self.fig.windows_lost, self.fig.readings_lost = loss.lost, loss.readings_lost
+        self.fig.timings["job windows the samples closed"] = loss.expected
+        self.fig.timings["readings missing from the windows that came"] = loss.readings_lost
+        if loss.examples:
+            self.fig.notes.append(f"job windows lost (node, GPU, start): {loss.examples}")
         self.fig.timings["failures seen"] = len(fails)
         self.fig.timings["drains executed"] = sum(executed.values())
 
