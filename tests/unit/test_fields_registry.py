@@ -1,5 +1,6 @@
 """The field registry (``gpuwarden/shared/fields.csv``) agrees with the model and with every
-reader and writer that takes its table from it (issue 27, item 1)."""
+reader and writer that takes its table from it, and one row added to a copy of it reaches the
+model, the readers and the bridge's export (issue 27, item 1)."""
 
 from __future__ import annotations
 
@@ -10,19 +11,40 @@ import types
 import typing
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
+import pydantic
 import pynvml
 import pytest
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+from opentelemetry.sdk.resources import Resource
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden.collector.sources import nvml as nvml_source
-from gpuwarden.otlp_bridge.catalog import catalog_entries
+from gpuwarden.otlp_bridge.catalog import build_catalog, catalog_entries
 from gpuwarden.otlp_bridge.dcgm import _DCGM_COMPUTED, DCGM_METRICS
+from gpuwarden.otlp_bridge.encoder import MetricEncoder
+from gpuwarden.otlp_bridge.metrics import GPU_METRICS, gpu_metrics
+from gpuwarden.otlp_bridge.prom import BridgeCollector
+from gpuwarden.otlp_bridge.store import LatestStore
 from gpuwarden.recordings.dmon import DMON_COLUMNS
-from gpuwarden.shared.fields import FIELDS, UNITS, FieldSpec, by_dcgm, by_field, dcgm_read_map, load_fields
-from gpuwarden.shared.models import GpuSample
+from gpuwarden.shared import fieldgen, models
+from gpuwarden.shared.fields import (
+    FIELDS,
+    UNITS,
+    FieldSpec,
+    by_dcgm,
+    by_field,
+    dcgm_read_map,
+    load_fields,
+    smi_xml_fields,
+)
+from gpuwarden.shared.models import MAX_GPU_INDEX, AttributedSample, GpuSample, NodeSample
 from gpuwarden.shared.nvidia import dcgm_exporter as collector_dcgm
 from gpuwarden.shared.nvidia.dcgm_exporter import DCGM_FIELDS, gpu_records, parse_dcgm_exporter_scrape, parse_scrape
 from gpuwarden.shared.nvidia.smi_text import CSV_ALIASES, CSV_SAMPLE_FIELDS, parse_nvidia_smi_csv_samples
+from gpuwarden.shared.nvidia.smi_xml import XML_IN_CODE, parse_nvidia_smi_xml
 
 SHIPPED = Path(str(files("gpuwarden.shared").joinpath("fields.csv")))
 ROWS = by_field()
@@ -48,6 +70,42 @@ _UNIT_RE = re.compile(r", (" + "|".join(re.escape(u) for u in UNITS) + r")(?=$| 
 
 def test_every_gpusample_field_has_one_row_in_model_order() -> None:
     assert [f.field for f in FIELDS] == list(GpuSample.model_fields)
+
+
+def test_the_model_is_generated_from_the_registry() -> None:
+    """``python -m gpuwarden.shared.fieldgen --check``: models.py's GpuSample block is what the
+    registry generates (a stale block: run ``python -m gpuwarden.shared.fieldgen``)."""
+    assert not fieldgen.generate(check=True), "GpuSample is stale: run python -m gpuwarden.shared.fieldgen"
+    assert fieldgen.main(["--check"]) == 0
+    assert fieldgen.gpu_sample_model() is GpuSample
+
+
+@pytest.mark.parametrize("name", list(GpuSample.model_fields))
+def test_row_description_and_bounds_are_the_models(name: str) -> None:
+    info, row = GpuSample.model_fields[name], ROWS[name]
+    assert (info.description or "") == row.description
+    bounds = {type(m).__name__.lower(): getattr(m, type(m).__name__.lower()) for m in info.metadata
+              if type(m).__name__ in ("Ge", "Le")}  # fmt: skip
+    want = {k: MAX_GPU_INDEX if v == "MAX_GPU_INDEX" else float(v) for k, v in (("ge", row.ge), ("le", row.le)) if v}
+    assert bounds == want
+
+
+def test_the_generator_lays_out_and_refuses_like_the_model() -> None:
+    row = ROWS["utilization_gpu_pct"]
+    assert fieldgen.render_field(row) == (
+        "    utilization_gpu_pct: float | None = Field(\n"
+        '        None, ge=0, le=100, description="GPU (SM) utilisation over the last sample period, %"\n    )'
+    )
+    assert fieldgen.render_field(ROWS["vbios_version"]) == "    vbios_version: str | None = None"
+    with pytest.raises(ValueError, match="written by hand"):
+        fieldgen.render_field(ROWS["nvlinks"])
+    with pytest.raises(ValueError, match="not a number constant"):
+        fieldgen.render_field(row.model_copy(update={"le": "NO_SUCH_CONSTANT"}))
+    with pytest.raises(ValueError, match="too long"):
+        fieldgen.render_field(row.model_copy(update={"description": "x" * 190}))
+    text = Path(models.__file__).read_text()
+    with pytest.raises(ValueError, match="list field gpu_widgets needs its declaration"):
+        fieldgen.block([*FIELDS, FieldSpec(field="gpu_widgets", type="list")], text)
 
 
 @pytest.mark.parametrize("name", list(GpuSample.model_fields))
@@ -83,7 +141,7 @@ def test_every_dcgm_field_the_collector_reads_is_in_the_registry() -> None:
     assert read_in_code <= set(ROWS["throttle_reasons"].dcgm_field) | set(ROWS["nvlinks"].dcgm_field)
     assert set(DCGM_FIELDS) <= registry
     # the two the reader uses that feed no field of their own: a fallback and an event
-    assert collector_dcgm._GR_ACTIVE not in registry and "GR_ENGINE_ACTIVE" in ROWS["utilization_gpu_pct"].description
+    assert collector_dcgm._GR_ACTIVE not in registry and "GR_ENGINE_ACTIVE" in ROWS["utilization_gpu_pct"].notes
     assert collector_dcgm._XID not in registry
     # every 1.x name the reader renames to a mapped field maps to a registry name
     assert {v for v in collector_dcgm.DCGM_1X_NAMES.values() if v in DCGM_FIELDS} <= registry
@@ -117,7 +175,7 @@ def test_both_directions_agree_on_the_scale_where_both_use_a_field() -> None:
 
 def test_otel_keys_name_metrics_csv_rows_and_cover_the_gpu_metrics() -> None:
     keys = {e.key for e in catalog_entries("otel")}
-    named = {k for f in FIELDS for k in f.otel_key}
+    named = {k for f in FIELDS for k in f.otel_key} | {f.field for f in FIELDS if f.otel_name}
     assert named <= keys, named - keys
     assert keys <= named, keys - named  # every per-GPU OTel metric says which fields feed it
 
@@ -142,6 +200,27 @@ def test_csv_columns_reach_their_fields() -> None:
     assert g.max_graphics_clock_mhz == 1410.0
 
 
+def test_the_xml_reader_reads_every_other_scalar_row_from_its_paths() -> None:
+    with_paths = {f for f, _, _ in smi_xml_fields()}
+    assert with_paths >= XML_IN_CODE  # what code reads, the registry documents
+    # a GPU whose every registry path holds a value: each generically read field has it
+    leaves: dict[str, str] = {}
+    for f, paths, t in smi_xml_fields():
+        if f not in XML_IN_CODE:
+            leaves[paths[-1]] = {"float": "12.5 W", "int": "7", "bool": "Yes", "str": "X-1"}[t]
+    xml = "<nvidia_smi_log><gpu>" + "".join(_xml_element(p, v) for p, v in leaves.items()) + "</gpu></nvidia_smi_log>"
+    (g,) = parse_nvidia_smi_xml(xml).gpus
+    want = {"float": 12.5, "int": 7, "bool": True, "str": "X-1"}
+    for f, _, t in smi_xml_fields():
+        if f not in XML_IN_CODE:
+            assert getattr(g, f) == want[t], f
+
+
+def _xml_element(path: str, value: str) -> str:
+    head, _, rest = path.partition("/")
+    return f"<{head}>{_xml_element(rest, value) if rest else value}</{head}>"
+
+
 def test_dmon_columns_are_the_registry_rows() -> None:
     assert {f.dmon: (f.field, f.dmon_scale) for f in FIELDS if f.dmon and f.field != "index"} == DMON_COLUMNS
     assert DMON_COLUMNS["rxpci"] == ("pcie_rx_kbps", 1000.0)
@@ -162,16 +241,34 @@ def test_nvml_column_names_calls_pynvml_has_and_the_nvml_source_makes(row: Field
     assert all(a in src for a in args), args
 
 
-# -- one row added: it reaches the reader ----------------------------------------------------
+# -- one row added: it reaches the model, the readers and the bridge ---------------------------
+
+#: The dummy field of the tests below: a percentage with a ``--query-gpu`` name, two
+#: ``nvidia-smi -q -x`` paths (first present wins), a DCGM field read by the collector (a ratio:
+#: x 100) and an OTel metric of its own. One line, as a contributor writes it.
+WIDGET_ROW = (
+    "widget_activity_pct,float,%,,0,100,,widget.activity,,widget/activity_util;widget/activity,,,"
+    'DCGM_FI_PROF_WIDGET_ACTIVE,100,read,,gpuwarden.gpu.widget.activity,,"Widget activity, %",test row\n'
+)
 
 
-def test_a_row_added_to_a_copy_of_fields_csv_reaches_the_dcgm_reader(tmp_path: Path) -> None:
+def _widget(g: GpuSample) -> Any:
+    """The dummy field of a sample of the temporary registry's model (mypy knows the shipped one)."""
+    return g.model_dump()["widget_activity_pct"]
+
+
+def _with_widget(tmp_path: Path) -> tuple[FieldSpec, ...]:
     path = tmp_path / "fields.csv"
     shutil.copy(SHIPPED, path)
     with path.open("a", encoding="utf-8") as fh:
-        fh.write("widget_activity_pct,float,%,,,,,,,DCGM_FI_PROF_WIDGET_ACTIVE,100,read,,Widget activity\n")
+        fh.write(WIDGET_ROW)
     reg = load_fields(path)
     assert len(reg) == len(FIELDS) + 1
+    return reg
+
+
+def test_a_row_added_to_a_copy_of_fields_csv_reaches_the_dcgm_reader(tmp_path: Path) -> None:
+    reg = _with_widget(tmp_path)
     assert by_dcgm(reg)["DCGM_FI_PROF_WIDGET_ACTIVE"].field == "widget_activity_pct"
     scrape = (
         "# HELP DCGM_FI_PROF_WIDGET_ACTIVE Ratio of cycles the widget is active.\n"
@@ -183,17 +280,139 @@ def test_a_row_added_to_a_copy_of_fields_csv_reaches_the_dcgm_reader(tmp_path: P
     (rec,) = gpu_records(series, "scrape", fields=reg).values()
     assert rec["widget_activity_pct"] == 25.0
     assert rec["temperature_c"] == 41.0
+    assert _widget(fieldgen.gpu_sample_model(reg)(index=0, **rec)) == 25.0
     # the shipped registry has no such row: the same scrape gives no such attribute
     (plain,) = gpu_records(series).values()
     assert "widget_activity_pct" not in plain and plain["temperature_c"] == 41.0
     assert "widget_activity_pct" not in parse_dcgm_exporter_scrape(scrape)["gpus"][0]
 
 
+def test_a_row_added_to_a_copy_of_fields_csv_reaches_the_model(tmp_path: Path) -> None:
+    reg = _with_widget(tmp_path)
+    model = fieldgen.gpu_sample_model(reg)
+    assert issubclass(model, GpuSample) and model is not GpuSample
+    assert list(model.model_fields) == [f.field for f in reg]
+    info = model.model_fields["widget_activity_pct"]
+    assert info.description == "Widget activity, %" and info.default is None
+    g = model(index=1, widget_activity_pct=42.5)  # type: ignore[call-arg]  # a field mypy cannot see
+    assert _widget(g) == 42.5 and _widget(model(index=1)) is None
+    for bad in (-1, 100.5, "busy"):
+        with pytest.raises(pydantic.ValidationError, match="widget_activity_pct"):
+            model(index=1, widget_activity_pct=bad)  # type: ignore[call-arg]
+    # what the generator would write into models.py: the shipped block plus one line
+    text = Path(models.__file__).read_text()
+    new = fieldgen.rewrite(reg, text)
+    added = set(new.splitlines()) - set(text.splitlines())
+    assert added == {
+        '    widget_activity_pct: float | None = Field(None, ge=0, le=100, description="Widget activity, %")'
+    }
+    # the shipped model has no such field, and refuses it (extra="forbid")
+    with pytest.raises(pydantic.ValidationError, match="widget_activity_pct"):
+        GpuSample(index=1, widget_activity_pct=42.5)  # type: ignore[call-arg]
+
+
+def test_a_row_added_to_a_copy_of_fields_csv_reaches_the_csv_and_xml_readers(tmp_path: Path) -> None:
+    reg = _with_widget(tmp_path)
+    csv_text = (
+        "index, name, widget.activity [%], temperature.gpu\n"
+        "0, NVIDIA H100 80GB HBM3, 42 %, 40\n"
+        "1, NVIDIA H100 80GB HBM3, [N/A], 41\n"
+    )
+    got = parse_nvidia_smi_csv_samples(csv_text, reg)
+    assert isinstance(got, list)
+    assert [(g.index, _widget(g), g.temperature_c) for g in got] == [
+        (0, 42.0, 40.0), (1, None, 41.0)]  # fmt: skip
+    plain = parse_nvidia_smi_csv_samples(csv_text)
+    assert isinstance(plain, list) and "widget_activity_pct" not in plain[0].model_dump()
+    xml = """<?xml version="1.0" ?>
+<nvidia_smi_log>
+  <driver_version>550.54.15</driver_version>
+  <gpu id="00000000:3B:00.0">
+    <product_name>NVIDIA H100 80GB HBM3</product_name>
+    <minor_number>0</minor_number>
+    <temperature><gpu_temp>40 C</gpu_temp></temperature>
+    <widget><activity_util>37 %</activity_util></widget>
+  </gpu>
+  <gpu id="00000000:5D:00.0">
+    <minor_number>1</minor_number>
+    <widget><activity_util>N/A</activity_util><activity>12 %</activity></widget>
+  </gpu>
+  <gpu id="00000000:9A:00.0">
+    <minor_number>2</minor_number>
+    <widget><activity_util>[N/A]</activity_util></widget>
+  </gpu>
+</nvidia_smi_log>
+"""
+    rep = parse_nvidia_smi_xml(xml, reg)
+    assert [(g.index, _widget(g)) for g in rep.gpus] == [(0, 37.0), (1, 12.0), (2, None)]
+    assert rep.gpus[0].temperature_c == 40.0 and rep.gpus[0].pci_bus_id == "0000:3b:00.0"
+    bad = xml.replace("37 %", "137 %")
+    with pytest.raises(pydantic.ValidationError, match="widget_activity_pct"):
+        parse_nvidia_smi_xml(bad, reg)
+    assert "widget_activity_pct" not in parse_nvidia_smi_xml(xml).gpus[0].model_dump()
+
+
+def test_a_row_added_to_a_copy_of_fields_csv_reaches_the_exported_metrics(tmp_path: Path) -> None:
+    reg = _with_widget(tmp_path)
+    entry = next(e for e in build_catalog(reg) if e.key == "widget_activity_pct")
+    assert (entry.naming, entry.name, entry.unit, entry.instrument, entry.prom_name, entry.description) == (
+        "otel", "gpuwarden.gpu.widget.activity", "1", "gauge", "gpuwarden_gpu_widget_activity_ratio",
+        "Widget activity, ratio 0-1")  # fmt: skip
+    specs = gpu_metrics(reg)
+    assert [s.key for s in specs] == [*(s.key for s in GPU_METRICS), "widget_activity_pct"]
+    model = fieldgen.gpu_sample_model(reg)
+    gpus = [model(index=0, uuid="GPU-0", widget_activity_pct=42.0, temperature_c=40.0),  # type: ignore[call-arg]
+            model(index=1, uuid="GPU-1")]  # fmt: skip
+    store = LatestStore()
+    store.update_sample(AttributedSample(sample=NodeSample(node="n1", ts=1000.0, collector_id="c", source="s",
+                                                           gpus=gpus)))  # fmt: skip
+    # OTLP: the bridge's encoder sends it, in its OTel unit, for the GPU that reports it only
+    enc = MetricEncoder(Resource({}), "s", "1", gpu_metrics=specs)
+    requests, _ = enc.encode(store.views(), store.failure_counts(), [])
+    sent: dict[str, Any] = {}
+    for req, _ in requests:
+        parsed = metrics_service_pb2.ExportMetricsServiceRequest.FromString(req.SerializeToString())
+        sent |= {m.name: m for rm in parsed.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    m = sent["gpuwarden.gpu.widget.activity"]
+    assert (m.unit, m.description, m.WhichOneof("data")) == ("1", "Widget activity, ratio 0-1", "gauge")
+    points = {next(a.value.string_value for a in p.attributes if a.key == "hw.id"): p.as_double
+              for p in m.gauge.data_points}  # fmt: skip
+    assert points == {"GPU-0": pytest.approx(0.42)}
+    assert "hw.temperature" in sent
+    # Prometheus: the bridge's /metrics collector
+    registry = CollectorRegistry()
+    registry.register(BridgeCollector(store, gpu_metrics=specs))
+    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+    (sample,) = fams["gpuwarden_gpu_widget_activity_ratio"].samples
+    assert sample.value == pytest.approx(0.42) and sample.labels["gpu"] == "0"
+    # the shipped registry exports no such metric
+    enc = MetricEncoder(Resource({}), "s", "1")
+    requests, _ = enc.encode(store.views(), store.failure_counts(), [])
+    names = {
+        m.name for req, _ in requests for rm in req.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+    }
+    assert "hw.temperature" in names and "gpuwarden.gpu.widget.activity" not in names
+
+
+def test_a_registry_metric_that_clashes_with_metrics_csv_is_refused() -> None:
+    clash = FieldSpec(field="utilization", type="float", unit="%", otel_name="gpuwarden.gpu.other", description="x, %")
+    with pytest.raises(ValueError, match=r"\['utilization'\] have the key of a metrics.csv row"):
+        build_catalog([*FIELDS, clash])
+    shared = FieldSpec(field="board_power_w", type="float", unit="W", otel_name="hw.power", description="Board, W")
+    with pytest.raises(ValueError, match=r"rows named hw\.power disagree"):
+        build_catalog([*FIELDS, shared])
+    prom = FieldSpec(field="utilization_pct", type="float", unit="%", otel_name="gpuwarden.gpu.util", description="U")
+    with pytest.raises(ValueError, match=r"Prometheus names of metrics\.csv rows \['gpuwarden_gpu_utilization_ratio'"):
+        build_catalog([*FIELDS, prom])
+    with pytest.raises(ValueError, match="otel_name needs a number or bool field"):
+        FieldSpec(field="label", type="str", otel_name="gpuwarden.gpu.label")
+
+
 def test_a_bad_row_is_refused_with_its_line(tmp_path: Path) -> None:
     path = tmp_path / "fields.csv"
     shutil.copy(SHIPPED, path)
     with path.open("a", encoding="utf-8") as fh:
-        fh.write("power_w,float,W,,,,,,,DCGM_FI_DEV_POWER_USAGE,1,read,,again\n")
+        fh.write("power_w,float,W,,0,,,,,,,,DCGM_FI_DEV_POWER_USAGE,1,read,,,,again,\n")
     with pytest.raises(ValueError, match=rf"line {len(FIELDS) + 2}: field power_w is also on line"):
         load_fields(path)
     path.write_text(SHIPPED.read_text().replace("energy_j,float,J", "energy_j,float,kWh"))

@@ -9,8 +9,12 @@ order a reader tries them, first present wins):
 field          the ``GpuSample`` attribute
 type           ``float``, ``int``, ``bool``, ``str`` or ``list`` (nested: ``nvlinks``, ``processes``,
                ``throttle_reasons``; read by code, listed for their sources)
-unit           the model's unit (:data:`UNITS`; blank for none); the model's ``Field`` description
-               ends in the same unit (``"..., MiB"``)
+unit           the model's unit (:data:`UNITS`; blank for none); ``description`` states it
+               (``"..., MiB"``)
+str_kind       a ``str`` field's model type: ``token`` (``Token``: no spaces, at most 128
+               characters), ``text`` (``Text``: one line, at most 256), blank (any ``str``)
+ge, le         the model's bounds of a number (``0``, ``100``; or a constant of
+               :mod:`gpuwarden.shared.models` such as ``MAX_GPU_INDEX``), blank for none
 nvml           the NVML call of the NVML source (``nvmlDeviceGetClockInfo(NVML_CLOCK_SM)``,
                ``nvmlDeviceGetMemoryInfo.used``, ``nvmlDeviceGetRemappedRows[2]``); documentation,
                the NVML source is code
@@ -27,11 +31,22 @@ dcgm_scale     factor from DCGM's unit to the model's (``TOTAL_ENERGY_CONSUMPTIO
 dcgm_dir       ``read`` (the collector's dcgm-exporter reader maps it), ``write`` (the bridge's
                ``dcgm`` naming writes it), ``both``, blank
 otel_key       ``metrics.csv`` keys (otlp-bridge catalog, ``otel`` naming) whose value it feeds
-description    one line
+otel_name      an OTel metric the otlp-bridge exports from this field alone, without a
+               ``metrics.csv`` row: the field's value in the OTel unit of :data:`OTEL_UNITS`
+               (``%`` -> ratio ``1``, ``MiB`` -> ``By``...); blank for none
+otel_instrument  ``gauge`` (blank), ``updown`` or ``counter`` (monotonic), with ``otel_name``
+description    the model's ``Field`` description (the JSON Schema's), one line, ending in the unit
+notes          where the sources differ, what code does (documentation)
 =============  ===================================================================================
 
-Read by the collector (dcgm-exporter scrapes, ``--query-gpu`` CSV, ``dmon``) and the otlp-bridge
-(dcgm-exporter naming). :func:`load_fields` reads another CSV of the same columns (tests).
+``GpuSample`` (:mod:`gpuwarden.shared.models`) is generated from the rows: ``python -m
+gpuwarden.shared.fieldgen`` rewrites its scalar fields from ``type``, ``str_kind``, ``ge``,
+``le`` and ``description`` (the list fields are code); a unit test fails when the two differ.
+
+Read by the model's generator, the collector (dcgm-exporter scrapes, ``--query-gpu`` CSV, ``dmon``,
+``nvidia-smi -q -x``) and the otlp-bridge (dcgm-exporter naming, ``otel_name`` metrics).
+:func:`load_fields` reads another CSV of the same columns (tests); the readers and the bridge's
+catalog take such a registry as their ``fields`` argument.
 """
 
 from __future__ import annotations
@@ -39,6 +54,7 @@ from __future__ import annotations
 import csv
 import functools
 import io
+import re
 from collections.abc import Iterable
 from importlib.resources import files
 from pathlib import Path
@@ -48,6 +64,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 __all__ = [
     "FIELDS",
+    "KEY_FIELD",
+    "OTEL_UNITS",
     "UNITS",
     "FieldSpec",
     "FieldType",
@@ -59,6 +77,7 @@ __all__ = [
     "dmon_columns",
     "load_fields",
     "smi_query_fields",
+    "smi_xml_fields",
 ]
 
 FieldType = Literal["float", "int", "bool", "str", "list"]
@@ -70,6 +89,22 @@ SmiKind = Literal["float", "int", "str", "pstate", "pci"]
 UNITS = ("%", "MiB", "C", "W", "MHz", "J", "count", "KB/s", "lanes")
 #: The GPU key: every reader takes it apart from the value columns, so the column tables skip it.
 KEY_FIELD = "index"
+#: A model unit -> (the OTel metric's UCUM unit, factor from the model's unit to it, Prometheus
+#: name suffix, the unit in words) for a field exported by ``otel_name``: values in base units.
+OTEL_UNITS: dict[str, tuple[str, float, str, str]] = {
+    "%": ("1", 0.01, "ratio", "ratio 0-1"),
+    "MiB": ("By", 1024.0 * 1024.0, "bytes", "bytes"),
+    "C": ("Cel", 1.0, "celsius", "Celsius"),
+    "W": ("W", 1.0, "watts", "watts"),
+    "MHz": ("Hz", 1e6, "hertz", "hertz"),
+    "J": ("J", 1.0, "joules", "joules"),
+    "count": ("{count}", 1.0, "", "count"),
+    "KB/s": ("By/s", 1024.0, "bytes_per_second", "bytes per second"),
+    "lanes": ("{lane}", 1.0, "lanes", "lanes"),
+    "": ("1", 1.0, "", ""),
+}
+_BOUND_RE = re.compile(r"^(-?[0-9]+(\.[0-9]+)?|[A-Z][A-Z0-9_]*)$")
+_OTEL_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-/]{0,254}$")
 
 
 def _names(v: object) -> tuple[str, ...]:
@@ -87,6 +122,9 @@ class FieldSpec(BaseModel):
     field: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
     type: FieldType
     unit: str = Field("", description="The model's unit, one of UNITS or blank")
+    str_kind: Literal["token", "text", ""] = ""
+    ge: str = Field("", description="Lower bound: a number or a gpuwarden.shared.models constant")
+    le: str = Field("", description="Upper bound: a number or a gpuwarden.shared.models constant")
     nvml: str = ""
     smi_query: tuple[str, ...] = ()
     smi_kind: Literal["pstate", "pci", ""] = ""
@@ -97,7 +135,10 @@ class FieldSpec(BaseModel):
     dcgm_scale: float | None = None
     dcgm_dir: DcgmDir = ""
     otel_key: tuple[str, ...] = ()
-    description: str = ""
+    otel_name: str = ""
+    otel_instrument: Literal["gauge", "updown", "counter", ""] = ""
+    description: str = Field("", max_length=200, pattern=r'^[^"\\\x00-\x1f]*$')
+    notes: str = ""
 
     @field_validator("smi_query", "smi_xml", "dcgm_field", "otel_key", mode="before")
     @classmethod
@@ -116,6 +157,13 @@ class FieldSpec(BaseModel):
             raise ValueError(f"unit {v!r} is not one of {', '.join(UNITS)}")
         return v
 
+    @field_validator("ge", "le")
+    @classmethod
+    def _bound(cls, v: str) -> str:
+        if v and not _BOUND_RE.match(v):
+            raise ValueError(f"bound {v!r} is neither a number nor a constant name")
+        return v
+
     @model_validator(mode="after")
     def _consistent(self) -> FieldSpec:
         scalar = self.type != "list"
@@ -131,6 +179,17 @@ class FieldSpec(BaseModel):
             raise ValueError(f"{self.field}: dmon without a non-zero dmon_scale")
         if not scalar and (self.smi_query or self.dmon):
             raise ValueError(f"{self.field}: a list field has no smi_query/dmon column (read by code)")
+        if self.str_kind and self.type != "str":
+            raise ValueError(f"{self.field}: str_kind is for a str field")
+        if (self.ge or self.le) and self.type not in ("int", "float"):
+            raise ValueError(f"{self.field}: ge/le bound a number (int or float)")
+        if self.otel_name:
+            if self.type not in ("int", "float", "bool"):
+                raise ValueError(f"{self.field}: otel_name needs a number or bool field")
+            if not _OTEL_NAME_RE.match(self.otel_name):
+                raise ValueError(f"{self.field}: invalid OTel metric name {self.otel_name!r}")
+        elif self.otel_instrument:
+            raise ValueError(f"{self.field}: otel_instrument without otel_name")
         return self
 
     @property
@@ -224,6 +283,13 @@ def smi_query_fields(fields: Iterable[FieldSpec] = FIELDS) -> tuple[tuple[str, t
     how the value is read), for every row with ``smi_query`` but the GPU key ``index`` (read
     apart by the CSV readers)."""
     return tuple((f.field, f.smi_query, f.smi_value_kind) for f in fields if f.smi_query and f.field != KEY_FIELD)
+
+
+def smi_xml_fields(fields: Iterable[FieldSpec] = FIELDS) -> tuple[tuple[str, tuple[str, ...], FieldType], ...]:
+    """The ``nvidia-smi -q -x`` path table: (``GpuSample`` field, paths under ``<gpu>`` tried in
+    order, the field's type), for every scalar row with ``smi_xml`` (the XML reader reads
+    those it does not read in code generically: value text, unit dropped, N/A -> None)."""
+    return tuple((f.field, f.smi_xml, f.type) for f in fields if f.smi_xml and f.type != "list")
 
 
 def dmon_columns(fields: Iterable[FieldSpec] = FIELDS) -> dict[str, tuple[str, float]]:

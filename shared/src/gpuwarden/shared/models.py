@@ -192,7 +192,6 @@ GpuIndex = Annotated[int, Field(ge=0, le=MAX_GPU_INDEX)]
 #: Free text from a tool (product names, check names, Slurm state words): one line, bounded, no
 #: control or bidirectional formatting characters.
 Text = Annotated[str, Field(max_length=256, pattern=r"^[^\x00-\x1f\x7f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]*$")]
-Pct = Annotated[float | None, Field(ge=0, le=100)]
 #: A value of the per-link and per-process records of a GPU (``nvlinks``, ``processes``): a JSON
 #: scalar (finite like every number of a message), never an object or list.
 JsonScalar = bool | int | float | str | None
@@ -201,14 +200,20 @@ JsonScalar = bool | int | float | str | None
 class GpuSample(Model):
     """One GPU's readings at one tick (NVML or ``nvidia-smi -q -x``)."""
 
+    # The fields are the rows of the field registry gpuwarden/shared/fields.csv, in its order:
+    # python -m gpuwarden.shared.fieldgen writes the scalar ones from the rows (type, bounds,
+    # description with its unit); the list fields (nested values) are written here by hand.
+    # generated: fields.csv (python -m gpuwarden.shared.fieldgen), list fields by hand
     index: int = Field(ge=0, le=MAX_GPU_INDEX, description="GPU index as NVML/nvidia-smi number it (minor order)")
     uuid: Token | None = Field(None, description="GPU UUID, e.g. GPU-xxxxxxxx-...")
     pci_bus_id: Token | None = Field(
         None, description="PCI bus id, normalised to DDDD:BB:DD.F lower-case, e.g. 0000:44:00.0"
     )
     name: Text | None = Field(None, description="Product name, e.g. NVIDIA H100 80GB HBM3")
-    utilization_gpu_pct: Pct = Field(None, description="GPU (SM) utilisation over the last sample period, %")
-    utilization_memory_pct: Pct = Field(None, description="Memory controller utilisation, %")
+    utilization_gpu_pct: float | None = Field(
+        None, ge=0, le=100, description="GPU (SM) utilisation over the last sample period, %"
+    )
+    utilization_memory_pct: float | None = Field(None, ge=0, le=100, description="Memory controller utilisation, %")
     memory_used_mib: float | None = Field(None, ge=0, description="Framebuffer memory used, MiB")
     memory_total_mib: float | None = Field(None, ge=0, description="Framebuffer memory total, MiB")
     temperature_c: float | None = Field(None, description="GPU core temperature, C")
@@ -262,7 +267,7 @@ class GpuSample(Model):
     pcie_link_width_max: int | None = Field(None, ge=0, description="Maximum PCIe link width, lanes")
     pcie_tx_kbps: float | None = Field(None, ge=0, description="PCIe transmit throughput, KB/s")
     pcie_rx_kbps: float | None = Field(None, ge=0, description="PCIe receive throughput, KB/s")
-    fan_speed_pct: Pct = Field(None, description="Fan speed, % of maximum")
+    fan_speed_pct: float | None = Field(None, ge=0, le=100, description="Fan speed, % of maximum")
     nvlinks: list[dict[str, JsonScalar]] | None = Field(
         None,
         max_length=MAX_NVLINKS_PER_GPU,
@@ -277,8 +282,9 @@ class GpuSample(Model):
     )
     mig_mode: bool | None = Field(None, description="MIG mode currently enabled")
     mig_instances: int | None = Field(None, ge=0, description="MIG GPU instances present, count")
-    sm_occupancy_pct: Pct = Field(None, description="GPM SM occupancy (Hopper+), %")
-    tensor_activity_pct: Pct = Field(None, description="GPM tensor pipe activity (Hopper+), %")
+    sm_occupancy_pct: float | None = Field(None, ge=0, le=100, description="GPM SM occupancy (Hopper+), %")
+    tensor_activity_pct: float | None = Field(None, ge=0, le=100, description="GPM tensor pipe activity (Hopper+), %")
+    # end generated: fields.csv
 
 
 class NodeSample(Model):

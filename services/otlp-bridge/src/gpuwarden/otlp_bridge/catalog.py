@@ -18,6 +18,10 @@ One row per metric the bridge emits (or, where several rows share an OTel name s
 - ``otel_description``: the OTLP description where several rows share one name (must then
   be equal on those rows); else ``description`` is used;
 - ``description``: help text (Prometheus ``# HELP`` and OTLP description).
+
+A row of the field registry (``gpuwarden/shared/fields.csv``) with an ``otel_name`` is a catalog
+entry too (:func:`registry_entries`, ``otel`` naming, key = the field): the field's value in the
+OTel unit of :data:`~gpuwarden.shared.fields.OTEL_UNITS`, no ``metrics.csv`` row and no code.
 """
 
 from __future__ import annotations
@@ -25,11 +29,14 @@ from __future__ import annotations
 import csv
 import io
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib.resources import files
 from typing import Literal, cast
 
-__all__ = ["CATALOG", "CatalogEntry", "catalog_entries", "load_catalog"]
+from gpuwarden.shared.fields import FIELDS, OTEL_UNITS, FieldSpec
+
+__all__ = ["CATALOG", "CatalogEntry", "build_catalog", "catalog_entries", "load_catalog", "registry_entries"]
 
 Naming = Literal["otel", "dcgm", "all"]
 Instrument = Literal["gauge", "updown", "counter"]
@@ -129,6 +136,11 @@ def load_catalog(text: str, source: str = "metrics.csv") -> tuple[CatalogEntry, 
                 sensor=r["sensor"] or None, otel_description=r["otel_description"],
             )
         )  # fmt: skip
+    _check_names(rows, source)
+    return tuple(rows)
+
+
+def _check_names(rows: Iterable[CatalogEntry], source: str) -> None:
     by_name: dict[tuple[str, str], CatalogEntry] = {}
     for e in rows:
         first = by_name.setdefault((e.naming, e.name), e)
@@ -136,14 +148,68 @@ def load_catalog(text: str, source: str = "metrics.csv") -> tuple[CatalogEntry, 
             raise ValueError(
                 f"{source}: rows named {e.name} disagree on unit, instrument or otel_description ({first.key}, {e.key})"
             )
-    return tuple(rows)
 
 
-#: Every row of the packaged ``metrics.csv`` (validated at import).
-CATALOG: tuple[CatalogEntry, ...] = load_catalog(files(__package__).joinpath("metrics.csv").read_text("utf-8"))
+#: The suffix a field name gives its unit with (``memory_used_mib``), dropped from the Prometheus name.
+_FIELD_UNIT_SUFFIX = {"%": "_pct", "MiB": "_mib", "C": "_c", "W": "_w", "MHz": "_mhz", "J": "_j", "KB/s": "_kbps"}
 
 
-def catalog_entries(naming: Naming, *, multi: bool | None = None) -> tuple[CatalogEntry, ...]:
+def _unit_suffix(f: FieldSpec) -> str:
+    """The field name without its unit suffix (``widget_activity_pct`` -> ``widget_activity``)."""
+    return f.field.removesuffix(_FIELD_UNIT_SUFFIX.get(f.unit, "\0"))
+
+
+def registry_entries(fields: Iterable[FieldSpec] = FIELDS) -> tuple[CatalogEntry, ...]:
+    """The ``otel`` entries of the registry rows with an ``otel_name``, in registry order: key
+    = the field, unit and factor from :data:`~gpuwarden.shared.fields.OTEL_UNITS` (``%`` ->
+    ``1``, ``MiB`` -> ``By``...), instrument ``otel_instrument`` (blank: gauge), Prometheus name
+    ``gpuwarden_gpu_<field without its unit>_<unit>`` (``_total`` for a counter), description
+    the field's with its unit in words (``"Widget activity, ratio 0-1"``)."""
+    out = []
+    for f in fields:
+        if not f.otel_name:
+            continue
+        unit, _, prom_unit, words = OTEL_UNITS[f.unit]
+        instrument: Instrument = f.otel_instrument or "gauge"
+        prom = "_".join(p for p in ("gpuwarden_gpu", _unit_suffix(f), prom_unit) if p)
+        prom += "_total" if instrument == "counter" else ""
+        desc = f.description or f.field
+        if f.unit and words:
+            desc = re.sub(rf", {re.escape(f.unit)}(?=$| \(| of )", f", {words}", desc, count=1)
+        out.append(CatalogEntry(naming="otel", key=f.field, name=f.otel_name, unit=unit, instrument=instrument,
+                                prom_name=prom, description=desc))  # fmt: skip
+    return tuple(out)
+
+
+def build_catalog(fields: Sequence[FieldSpec] = FIELDS, text: str | None = None) -> tuple[CatalogEntry, ...]:
+    """The bridge's catalog: the rows of ``metrics.csv`` (or ``text``) then :func:`registry_entries`
+    of ``fields`` (the shipped field registry, or another of the same columns).
+
+    Raises:
+        ValueError: as :func:`load_catalog`; a registry entry whose key (its field) is an ``otel``
+            key of ``metrics.csv``, whose Prometheus name a ``metrics.csv`` row has, or that
+            disagrees on unit, instrument or description with the rows of its OTel name.
+    """
+    rows = load_catalog(text if text is not None else files(__package__).joinpath("metrics.csv").read_text("utf-8"))
+    extra = registry_entries(fields)
+    keys = {e.key for e in rows if e.naming == "otel"}
+    if twice := sorted(e.key for e in extra if e.key in keys):
+        raise ValueError(f"fields.csv: otel_name rows {twice} have the key of a metrics.csv row")
+    prom = {e.prom_name for e in rows if e.naming != "dcgm"}
+    if twice := sorted(e.prom_name for e in extra if e.prom_name in prom):
+        raise ValueError(f"fields.csv: otel_name rows make Prometheus names of metrics.csv rows {twice}")
+    _check_names((*rows, *extra), "metrics.csv + fields.csv")
+    return (*rows, *extra)
+
+
+#: Every row of the packaged ``metrics.csv`` and the registry's ``otel_name`` rows (validated at import).
+CATALOG: tuple[CatalogEntry, ...] = build_catalog()
+
+
+def catalog_entries(
+    naming: Naming, *, multi: bool | None = None, catalog: Sequence[CatalogEntry] = CATALOG
+) -> tuple[CatalogEntry, ...]:
     """Rows of ``naming`` exactly (``all`` rows only when ``naming="all"``), in file order;
-    ``multi`` True/False keeps only rows with/without ``point_attributes``."""
-    return tuple(e for e in CATALOG if e.naming == naming and (multi is None or bool(e.point_attributes) == multi))
+    ``multi`` True/False keeps only rows with/without ``point_attributes``; ``catalog``: another
+    catalog (:func:`build_catalog` of another field registry)."""
+    return tuple(e for e in catalog if e.naming == naming and (multi is None or bool(e.point_attributes) == multi))

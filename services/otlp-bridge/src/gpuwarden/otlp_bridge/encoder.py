@@ -152,7 +152,8 @@ class MetricEncoder:
     cumulative temporality; ``start_time_unix_nano`` = when the encoder was created. Requests
     are cut by :func:`plan_requests` so that none is over ``max_request_bytes`` serialised
     (a collector's gRPC limit is often 4 MiB). At most ``cardinality_limit`` points per
-    metric (the rest is left out and counted in ``series_over_limit``).
+    metric (the rest is left out and counted in ``series_over_limit``). ``gpu_metrics``: the
+    single-point GPU metrics (:func:`~.metrics.gpu_metrics` of another field registry).
 
     ``in_place=False`` builds every export's requests anew from the cached point bytes (the
     path before in-place updates, about half the points per CPU-second; ``gpuwarden bench
@@ -180,6 +181,7 @@ class MetricEncoder:
         start_time_ns: int | None = None,
         naming: Literal["otel", "dcgm"] = "otel",
         in_place: bool = True,
+        gpu_metrics: Sequence[MetricSpec] = GPU_METRICS,
     ) -> None:
         if max_request_bytes < 10_000:
             raise ValueError("max_request_bytes must be at least 10000")
@@ -193,7 +195,7 @@ class MetricEncoder:
         self._base = self._resource.ByteSize() + self._scope.ByteSize() + 32
         self.series_over_limit: dict[str, int] = {}
         by_name: dict[str, list[MetricSpec]] = {}
-        for spec in GPU_METRICS:  # rows may share one OTel name (hw.temperature)
+        for spec in gpu_metrics:  # rows may share one OTel name (hw.temperature)
             by_name.setdefault(spec.otel_name, []).append(spec)
         self._by_name = [(name, tuple(specs)) for name, specs in by_name.items()]
         gpu_names = [d.name for d in DCGM_METRICS] if naming == "dcgm" else [

@@ -6,7 +6,8 @@ types, help texts and fixed attributes come from the catalog (``metrics.csv``, s
 :mod:`.catalog`); this module maps each catalog ``key`` to the function that reads its
 value from a :class:`GpuSample` (single-point metrics, :data:`GPU_METRICS`) or its points
 from a :class:`GpuView` (several points per GPU, :data:`GPU_MULTI_METRICS`), and checks at
-import that the two sets of keys are equal.
+import that the two sets of keys are equal. A field registry row with an ``otel_name`` needs
+no code: its value is the field's, scaled to the OTel unit (:func:`gpu_metrics`).
 
 Names follow ``shared/reference/otel-naming.md``: OTel hardware semantic conventions
 (``hw.*``) where they exist, ``gpuwarden.*`` otherwise; values in base units
@@ -15,10 +16,11 @@ Names follow ``shared/reference/otel-naming.md``: OTel hardware semantic convent
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gpuwarden.shared.fields import FIELDS, OTEL_UNITS, FieldSpec
 from gpuwarden.shared.models import (
     AttributedEvent,
     AttributedSample,
@@ -29,7 +31,7 @@ from gpuwarden.shared.models import (
     Severity,
 )
 
-from .catalog import CatalogEntry, catalog_entries
+from .catalog import CATALOG, CatalogEntry, build_catalog, catalog_entries
 
 __all__ = [
     "DATA_POINT_ATTRIBUTE_KEYS",
@@ -54,6 +56,7 @@ __all__ = [
     "failure_metric_attributes",
     "gpu_attributes",
     "gpu_id",
+    "gpu_metrics",
     "gpu_state",
     "jobs_by_index",
     "metric_attributes",
@@ -216,18 +219,38 @@ _VALUES: dict[str, Callable[[GpuSample], float | None]] = {
 }
 
 
-def _gpu_metrics() -> tuple[MetricSpec, ...]:
-    rows = catalog_entries("otel", multi=False)
-    _check_keys("single-point", rows, _VALUES)
+def _registry_value(f: FieldSpec) -> Callable[[GpuSample], float | None]:
+    """A registry row's value in its OTel unit: the model's value x the factor of
+    :data:`~gpuwarden.shared.fields.OTEL_UNITS` (``%`` x 0.01, MiB x 2^20), a bool as 1/0."""
+    name, k = f.field, OTEL_UNITS[f.unit][1]
+    if f.type == "bool":
+        return lambda g: _flag(getattr(g, name))
+    return lambda g: _scale(getattr(g, name), k)
+
+
+def gpu_metrics(fields: Sequence[FieldSpec] = FIELDS) -> tuple[MetricSpec, ...]:
+    """The single-point GPU metrics, in catalog order: the ``metrics.csv`` rows, valued by
+    :data:`_VALUES`, then the rows of the field registry ``fields`` with an ``otel_name``
+    (:func:`~.catalog.registry_entries`), valued from their field alone. ``fields``: the shipped
+    registry or another of the same columns (a test's copy with one more row).
+
+    Raises:
+        ValueError: ``metrics.csv`` and :data:`_VALUES` name different keys; as
+            :func:`~.catalog.build_catalog`.
+    """
+    cat = CATALOG if fields is FIELDS else build_catalog(fields)
+    registry = {f.field: f for f in fields if f.otel_name}
+    rows = catalog_entries("otel", multi=False, catalog=cat)
+    _check_keys("single-point", [e for e in rows if e.key not in registry], _VALUES)
     return tuple(
-        MetricSpec(e.key, e.name, e.unit, e.instrument, e.description, e.prom_name, _VALUES[e.key], e.attributes,
-                   e.sensor)
+        MetricSpec(e.key, e.name, e.unit, e.instrument, e.description, e.prom_name,
+                   _registry_value(registry[e.key]) if e.key in registry else _VALUES[e.key], e.attributes, e.sensor)
         for e in rows
     )  # fmt: skip
 
 
-#: The single-point GPU metrics, in catalog order.
-GPU_METRICS: tuple[MetricSpec, ...] = _gpu_metrics()
+#: The single-point GPU metrics, in catalog order (:func:`gpu_metrics` of the shipped registry).
+GPU_METRICS: tuple[MetricSpec, ...] = gpu_metrics()
 
 #: Description of an OTel name that several catalog rows share (``otel_description``).
 OTEL_SHARED_DESCRIPTIONS: dict[str, str] = {

@@ -6,7 +6,7 @@ that ended) disappears from ``/metrics`` instead of repeating its last value for
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Literal
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -87,7 +87,9 @@ class BridgeCollector(Collector):
     ``gpuwarden_gpu_job_info`` (one series per held GPU), so a new job makes no new GPU series;
     ``series`` puts job_id, user and partition on every GPU series. ``gpuwarden_failure_open``
     keeps its job labels either way: it is one series per open failure, not per GPU metric, and
-    the job it names must stay readable after the job ended and left ``gpuwarden_gpu_job_info``."""
+    the job it names must stay readable after the job ended and left ``gpuwarden_gpu_job_info``.
+    ``gpu_metrics``: the single-point GPU metrics (:func:`~.metrics.gpu_metrics` of another field
+    registry)."""
 
     def __init__(
         self,
@@ -96,8 +98,10 @@ class BridgeCollector(Collector):
         export_stats: Callable[[], Mapping[str, float]] | None = None,
         naming: Literal["otel", "dcgm"] = "otel",
         job_labels: Literal["info", "series"] = "info",
+        gpu_metrics: Sequence[MetricSpec] = GPU_METRICS,
     ) -> None:
         self.store = store
+        self.gpu_metrics = gpu_metrics
         self.series_over_limit = series_over_limit if series_over_limit is not None else {}
         self.export_stats = export_stats
         self.naming = naming
@@ -111,7 +115,7 @@ class BridgeCollector(Collector):
             for d in DCGM_METRICS:
                 yield GaugeMetricFamily(d.name, d.help, labels=DCGM_LABELS)
         else:
-            for spec in GPU_METRICS:
+            for spec in self.gpu_metrics:
                 yield _family(spec, self.gpu_labels)
             for multi in GPU_MULTI_METRICS:
                 yield _family(multi, self.gpu_labels)
@@ -139,7 +143,7 @@ class BridgeCollector(Collector):
         n = self._n
         if self.naming == "dcgm":
             yield from self._dcgm(views)
-        for spec in GPU_METRICS if self.naming == "otel" else ():
+        for spec in self.gpu_metrics if self.naming == "otel" else ():
             fam = _family(spec, self.gpu_labels)
             for e in entries:
                 v = spec.value(e.gpu)

@@ -16,13 +16,15 @@ and of nvidia-smi's error outputs. No I/O.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gpuwarden.shared.fields import SmiKind, smi_query_fields
+from gpuwarden.shared.fieldgen import gpu_sample_model
+from gpuwarden.shared.fields import FIELDS, FieldSpec, SmiKind, smi_query_fields
 from gpuwarden.shared.models import GpuSample
 from gpuwarden.shared.nvidia.pci import normalize_pci_bus_id
 from gpuwarden.shared.nvidia.tokens import NA_TOKENS
@@ -606,29 +608,36 @@ def csv_value_to_field(kind: SampleKind, x: CsvValue) -> Any:
     return x
 
 
-def csv_row_to_sample(row: CsvRow, order: int) -> GpuSample:
+@functools.cache
+def _csv_table(fields: tuple[FieldSpec, ...]) -> tuple[tuple[str, tuple[str, ...], SampleKind], ...]:
+    return CSV_SAMPLE_FIELDS if fields is FIELDS else smi_query_fields(fields)
+
+
+def csv_row_to_sample(row: CsvRow, order: int, fields: Sequence[FieldSpec] = FIELDS) -> GpuSample:
     """A :class:`GpuSample` from the standard ``--query-gpu`` fields present in ``row``
     (:data:`CSV_SAMPLE_FIELDS`; absent or N/A fields stay None). ``index`` from the row's
-    ``index`` column, else ``order``.
+    ``index`` column, else ``order``. ``fields``: another field registry (its ``smi_query``
+    columns, the model it generates: :func:`~gpuwarden.shared.fieldgen.gpu_sample_model`).
 
     Raises:
         ValueError: a value out of the model's range (pydantic), or an unreadable PCI bus id.
     """
     v = row.values
     data: dict[str, Any] = {}
-    for fname, keys, kind in CSV_SAMPLE_FIELDS:
+    for fname, keys, kind in _csv_table(tuple(fields)):
         for k in keys:
             got = csv_value_to_field(kind, v.get(k))
             if got is not None:
                 data[fname] = got
                 break
     idx = v.get("index")
-    return GpuSample(index=int(idx) if isinstance(idx, float) else order, **data)
+    return gpu_sample_model(fields)(index=int(idx) if isinstance(idx, float) else order, **data)
 
 
-def parse_nvidia_smi_csv_samples(text: str) -> list[GpuSample] | SmiError:
-    """``--query-gpu`` CSV with a header -> one :class:`GpuSample` per row (standard fields
-    mapped; others dropped), or :class:`SmiError`.
+def parse_nvidia_smi_csv_samples(text: str, fields: Sequence[FieldSpec] = FIELDS) -> list[GpuSample] | SmiError:
+    """``--query-gpu`` CSV with a header -> one :class:`GpuSample` per row (the fields of the
+    registry ``fields`` mapped, see :func:`csv_row_to_sample`; other columns dropped), or
+    :class:`SmiError`.
 
     Raises:
         ValueError: as :func:`parse_nvidia_smi_csv` (a header line is required here).
@@ -636,7 +645,7 @@ def parse_nvidia_smi_csv_samples(text: str) -> list[GpuSample] | SmiError:
     rows = parse_nvidia_smi_csv(text)
     if isinstance(rows, SmiError):
         return rows
-    return [csv_row_to_sample(r, i) for i, r in enumerate(rows)]
+    return [csv_row_to_sample(r, i, fields) for i, r in enumerate(rows)]
 
 
 def parse_nvidia_smi_csv_records(text: str) -> list[dict[str, Any]] | SmiError:

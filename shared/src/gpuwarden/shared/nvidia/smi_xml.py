@@ -1,24 +1,31 @@
 """Pure parser of ``nvidia-smi -q -x`` XML: :func:`parse_nvidia_smi_xml` -> :class:`SmiReport`.
 
 No I/O here: callers read files and hand text to it. DTD ``nvsmi_device_v11`` .. ``v13``, drivers
-510 .. 595 seen in tests. Kernel-log parsing (XID/SXID lines), PCI bus id normalisation and the
+510 .. 595 seen in tests. A scalar field is read from the ``smi_xml`` paths of its row in the field
+registry (``gpuwarden/shared/fields.csv``: value text, unit dropped, N/A -> None) unless it is
+in :data:`XML_IN_CODE`. Kernel-log parsing (XID/SXID lines), PCI bus id normalisation and the
 "no value" tokens are NVIDIA node primitives of :mod:`gpuwarden.shared.nvidia`.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuwarden.shared.fieldgen import gpu_sample_model
+from gpuwarden.shared.fields import FIELDS, FieldSpec, smi_xml_fields
 from gpuwarden.shared.models import GpuSample
 from gpuwarden.shared.nvidia.pci import normalize_pci_bus_id
 from gpuwarden.shared.nvidia.tokens import NA_TOKENS
 
 __all__ = [
     "KNOWN_DTD_VERSIONS",
+    "XML_IN_CODE",
     "MigDevice",
     "SmiReport",
     "parse_nvidia_smi_xml",
@@ -106,10 +113,6 @@ def _yes_no(el: ET.Element | None, path: str) -> bool | None:
     if t is None:
         return None
     return t.lower() in {"yes", "true", "1", "active"}
-
-
-def _first_bool(*vals: bool | None) -> bool | None:
-    return next((v for v in vals if v is not None), None)
 
 
 def _throttle(gpu: ET.Element) -> list[str]:
@@ -234,58 +237,63 @@ def _processes(gpu: ET.Element) -> list[dict[str, Any]] | None:
     return out
 
 
-def _gpu(gpu: ET.Element, order: int, dtd: str | None = None) -> GpuSample:
+#: Scalar fields read in code below (a fallback, a DTD-dependent layout, a sum over several
+#: elements), not from their registry paths alone; their ``smi_xml`` paths document what is read.
+XML_IN_CODE = frozenset(
+    {"index", "pci_bus_id", "power_w", "power_instant_w", "power_limit_w", "ecc_sbe_volatile", "ecc_dbe_volatile",
+     "retired_pages"}
+)  # fmt: skip
+#: How the text at a registry path is read, by the field's type: the leading number ("139.62 W"
+#: -> 139.62; an int field drops the fraction), yes/no/active as a bool, a string as it is.
+_BY_TYPE: dict[str, Callable[[ET.Element | None, str], Any]] = {
+    "float": _num,
+    "int": _int,
+    "bool": _yes_no,
+    "str": _text,
+}
+
+
+@functools.cache
+def _registry_paths(fields: tuple[FieldSpec, ...]) -> tuple[tuple[str, tuple[str, ...], Callable[..., Any]], ...]:
+    """(field, paths, reader) of each registry row the XML is read for generically."""
+    return tuple((f, paths, _BY_TYPE[t]) for f, paths, t in smi_xml_fields(fields) if f not in XML_IN_CODE)
+
+
+def _gpu(gpu: ET.Element, order: int, dtd: str | None = None, fields: Sequence[FieldSpec] = FIELDS) -> GpuSample:
+    data: dict[str, Any] = {}
+    for name, paths, read in _registry_paths(tuple(fields)):
+        for p in paths:
+            if (v := read(gpu, p)) is not None:
+                data[name] = v
+                break
     minor = _int(gpu, "minor_number")
     pci_raw = _text(gpu, "pci/pci_bus_id") or gpu.get("id")
     sbe, dbe = _ecc(gpu)
-    rr = gpu.find("remapped_rows")
-    has_rr = rr is not None and len(rr) > 0
     power, instant, limit = _power(gpu, dtd)
-    rp_sbe = _int(gpu, "retired_pages/multiple_single_bit_retirement/retired_count")
-    rp_dbe = _int(gpu, "retired_pages/double_bit_retirement/retired_count")
-    link = "pci/pci_gpu_link_info"
-    return GpuSample(
+    return gpu_sample_model(fields)(
+        **data,
         index=minor if minor is not None else order,
-        uuid=_text(gpu, "uuid"),
         pci_bus_id=normalize_pci_bus_id(pci_raw) if pci_raw else None,
-        name=_text(gpu, "product_name"),
-        utilization_gpu_pct=_num(gpu, "utilization/gpu_util"),
-        utilization_memory_pct=_num(gpu, "utilization/memory_util"),
-        memory_used_mib=_num(gpu, "fb_memory_usage/used"),
-        memory_total_mib=_num(gpu, "fb_memory_usage/total"),
-        temperature_c=_num(gpu, "temperature/gpu_temp"),
-        memory_temperature_c=_num(gpu, "temperature/memory_temp"),
         power_w=power,
         power_instant_w=instant,
         power_limit_w=limit,
-        sm_clock_mhz=_num(gpu, "clocks/sm_clock"),
-        memory_clock_mhz=_num(gpu, "clocks/mem_clock"),
-        max_sm_clock_mhz=_num(gpu, "max_clocks/sm_clock"),
         throttle_reasons=_throttle(gpu),
         ecc_sbe_volatile=sbe,
         ecc_dbe_volatile=dbe,
-        retired_pages=_sum_opt(rp_sbe, rp_dbe),
-        retired_pages_sbe=rp_sbe,
-        retired_pages_dbe=rp_dbe,
-        retired_pages_pending=_first_bool(
-            _yes_no(gpu, "retired_pages/pending_retirement"), _yes_no(gpu, "retired_pages/pending_blacklist")
-        ),
-        serial=_text(gpu, "serial"),
-        vbios_version=_text(gpu, "vbios_version"),
+        retired_pages=_sum_opt(data.get("retired_pages_sbe"), data.get("retired_pages_dbe")),
         processes=_processes(gpu),
-        remapped_rows_pending=_yes_no(rr, "remapped_row_pending") if has_rr else None,
-        remapped_rows_failure=_yes_no(rr, "remapped_row_failure") if has_rr else None,
-        pcie_replay_count=_int(gpu, "pci/replay_counter"),
-        pcie_link_gen=_int(gpu, f"{link}/pcie_gen/current_link_gen"),
-        pcie_link_width=_int(gpu, f"{link}/link_widths/current_link_width"),
     )
 
 
 _DTD_RE = re.compile(r"nvsmi_device_v(\d+)\.dtd")
 
 
-def parse_nvidia_smi_xml(text: str) -> SmiReport:
+def parse_nvidia_smi_xml(text: str, fields: Sequence[FieldSpec] = FIELDS) -> SmiReport:
     """Parse ``nvidia-smi -q -x`` output (DTD v11, v12, v13; drivers 510-595 tested).
+
+    ``fields``: the field registry whose ``smi_xml`` paths are read (another registry, e.g. a
+    copy with one more row, gives samples of the model it generates, see
+    :func:`~gpuwarden.shared.fieldgen.gpu_sample_model`).
 
     Values are whitespace-stripped; ``N/A``, ``[N/A]``, ``Not Supported``, "deprecated" and the
     other :data:`~gpuwarden.shared.nvidia.tokens.NA_TOKENS` become None, never 0. Units are
@@ -313,7 +321,7 @@ def parse_nvidia_smi_xml(text: str) -> SmiReport:
     gpus: list[GpuSample] = []
     mig: dict[int, list[MigDevice]] = {}
     for order, g in enumerate(root.findall("gpu")):
-        s = _gpu(g, order, dtd)
+        s = _gpu(g, order, dtd, fields)
         gpus.append(s)
         devs = _mig(g)
         if devs:
