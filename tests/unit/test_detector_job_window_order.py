@@ -234,3 +234,21 @@ def test_an_ended_jobs_last_windows_are_late_or_evaluated_and_leave_no_state() -
         for w in _streamed(n, 40, 0, 40):
             d.on_window(w)
     assert "88" in d._history
+
+
+def test_the_end_of_a_finite_stream_evaluates_the_starts_still_waiting() -> None:
+    """``analyze`` and the in-process runner end with ``flush()``: a start still waiting for a node
+    that went silent near the end is evaluated with the windows it has (it used to be dropped:
+    its job rules never ran)."""
+    d = Detector(load_catalog())
+    _running(d, ["n1", "n2", "n3"])
+    for k in range(4):  # n3 silent from the start: starts 0-3 wait (no backstop within 4 windows)
+        for n in ("n1", "n2"):
+            for w in _windows(n, k):
+                d.on_window(w)
+    assert not d._history.get("88")
+    d.flush()
+    assert _starts(d) == [0.0, 10.0, 20.0, 30.0]
+    assert all({w.node for w in g} == {"n1", "n2"} for g in d._history["88"])
+    assert not d._windows.get("88")
+    assert d.flush() == [] and _starts(d) == [0.0, 10.0, 20.0, 30.0]  # nothing evaluated twice

@@ -243,9 +243,11 @@ class Detector(EventEpisodes, JobWindows):
 
     def flush(self) -> list[Failure]:
         """The end of a finite stream (a recording, a scenario): the latest version of every
-        episode with updates held back by ``update_interval_s``, and every candidate the
+        episode with updates held back by ``update_interval_s``, every job window start still
+        waiting for a silent node evaluated (:meth:`flush_job_windows`), and every candidate the
         pending stage still holds, decided now."""
-        out = [self._emit(ep) for ep in self.episodes.values() if ep.pending]
+        out = self.flush_job_windows()
+        out += [self._emit(ep) for ep in self.episodes.values() if ep.pending]
         return self._stage.release(out, self._stage.clock, self._explain, self, final=True)
 
     # -- the pending-finding stage (.pending) ------------------------------------------------

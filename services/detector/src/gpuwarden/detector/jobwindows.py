@@ -178,6 +178,16 @@ class JobWindows:
             for start in sorted(groups)
             if start <= frontier or start <= backstop or (w.job_gpus is not None and len(groups[start]) >= w.job_gpus)
         ]
+        out = self._evaluate_starts(job_id, groups, ready)
+        if job_id in self._ended_jobs and not groups:
+            self._drop_job_state(job_id)  # a window closed after the job's end: evaluated, nothing waits
+        return out
+
+    def _evaluate_starts(
+        self, job_id: str, groups: dict[float, dict[tuple[str, int], JobWindow]], ready: list[float]
+    ) -> list[Failure]:
+        """The job rules over each of ``ready`` (window starts of ``groups``, in order), each
+        popped from ``groups``, marked evaluated and added to the job's history."""
         out: list[Failure] = []
         for start in ready:
             windows = sorted(groups.pop(start).values(), key=lambda x: (x.node, x.gpu_index))
@@ -205,8 +215,19 @@ class JobWindows:
                     out += self._cond(rule, node, gpu, src.window_end, reading, job, "job.windows")
             history.append(windows)
             del history[: -self.window_history]
-        if job_id in self._ended_jobs and not groups:
-            self._drop_job_state(job_id)  # a window closed after the job's end: evaluated, nothing waits
+        return out
+
+    def flush_job_windows(self) -> list[Failure]:
+        """The end of a finite stream (``analyze``, the in-process runner): every job window start
+        still waiting for a node (silent near the end) is evaluated with the windows it has, in
+        order, as the backstop would have done had the stream gone on."""
+        out: list[Failure] = []
+        for job_id in list(self._windows):
+            groups = self._windows.get(job_id)
+            if groups:
+                out += self._evaluate_starts(job_id, groups, sorted(groups))
+            if job_id in self._ended_jobs:
+                self._drop_job_state(job_id)
         return out
 
     def _job_started(self, job: JobState) -> None:
