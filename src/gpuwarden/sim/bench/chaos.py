@@ -505,9 +505,13 @@ class _Chaos:
             self.say("waiting for the scenario to end and the pipeline to drain")
             limit = time.monotonic() + (240 if short else 900)
             t_end = t_src + duration / self.speed
+            settled = _Settling(quiet_s=30.0)
             while time.monotonic() < limit:
                 await self.run_for(1.0)
-                if time.monotonic() > t_end and await pl.finished():
+                # every hostile record dead-lettered by someone (or none for 30 s): 50,000 of them
+                # take the edge services a while after the scenario's own records have drained
+                answered = len(self.hostile) - self.hostile_stopped()[1]
+                if time.monotonic() > t_end and settled.done(answered, len(self.hostile)) and await pl.finished():
                     break
             else:
                 self.fig.notes.append("the pipeline did not drain before the time limit")
@@ -577,6 +581,24 @@ class _Chaos:
             self.fig.notes.append(f"job windows lost (node, GPU, start): {loss.examples}")
         self.fig.timings["failures seen"] = len(fails)
         self.fig.timings["drains executed"] = sum(executed.values())
+
+
+class _Settling:
+    """Whether a count that should reach a total is done: it did, or it has not moved for
+    ``quiet_s`` (monotonic clock)."""
+
+    def __init__(self, quiet_s: float) -> None:
+        self.quiet_s = quiet_s
+        self._last = -1
+        self._since = time.monotonic()
+
+    def done(self, count: int, total: int) -> bool:
+        if count >= total:
+            return True
+        now = time.monotonic()
+        if count != self._last:
+            self._last, self._since = count, now
+        return now - self._since >= self.quiet_s
 
 
 def crash_lines(log_text: str) -> list[str]:
