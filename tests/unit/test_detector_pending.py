@@ -424,3 +424,48 @@ def test_with_an_event_lane_a_candidate_waits_until_that_lane_has_read_its_windo
     out += d.event_lane_caught_up()
     assert {f.pattern for f in out} == {"gpu-fallen-off-bus"} and len(published(out)) == 1
     assert any(e.signal == "explains" and "gpu-missing" in str(e.value) for e in out[-1].evidence)
+
+
+def _idle_jobs(jobs: int, nodes: int = 4) -> list[Failure]:
+    """One idle GPU on each of ``nodes`` nodes of each of ``jobs`` jobs (none reaches a share: every
+    one stands apart), first seen one after the other."""
+    out = []
+    for j in range(jobs):
+        for n in range(nodes):
+            f = _failure("partial-idle-allocation", gpu_index=n, node=f"gpu-node-{j * nodes + n:04d}",
+                         first=T0 + 0.01 * (j * nodes + n))  # fmt: skip
+            out.append(f.model_copy(update={"job_id": str(1000 + j)}))
+    return out
+
+
+def test_held_candidates_of_many_jobs_are_decided_once_each_in_deadline_order() -> None:
+    """The stage keeps what it holds by deadline and by (rule, job): a large fault holds thousands
+    (it scanned every held candidate per input record and per decision: quadratic)."""
+    stage, explain, ctx = PendingStage(), load_catalog().explanations(), _Ctx(gpus=8, nodes=4)
+    held = _idle_jobs(200)
+    assert stage.release(held, T0, explain, ctx) == []
+    window = explain["partial-idle-allocation"].window_s
+    first = stage.release([], T0 + window + 0.005, explain, ctx)  # the first job's first candidate only
+    assert [f.failure_id for f in first] == [held[0].failure_id]
+    rest = stage.release([], T0 + window + 100, explain, ctx)
+    assert [f.failure_id for f in rest] == [f.failure_id for f in held[1:]]
+    assert not stage.held and stage.release([], T0 + window + 200, explain, ctx) == []
+
+
+def test_a_stage_from_a_snapshot_without_its_indexes_decides_the_same() -> None:
+    """A state file written before the deadline heap and the (rule, job) index: both are built from
+    what is held, and a held candidate whose job became known moves in the index."""
+    explain, ctx = load_catalog().explanations(), _Ctx(gpus=8, nodes=4)
+    results = []
+    for old in (False, True):
+        stage = PendingStage()
+        stage.release(_idle(["gpu-node-001", "gpu-node-002"]) + _idle_jobs(3), T0, explain, ctx)
+        if old:
+            del stage.__dict__["deadlines"], stage.__dict__["held_index"]
+        results.append([(f.failure_id, f.node, f.gpu_index) for f in stage.release([], T0 + 500, explain, ctx)])
+    assert results[0] == results[1] and len(results[0]) == 13  # the job-77 group and 12 GPU findings
+    stage = PendingStage()
+    nojob = _failure("partial-idle-allocation", gpu_index=1, node="gpu-node-009").model_copy(update={"job_id": None})
+    stage.release([nojob], T0, explain, ctx)
+    stage.release([nojob.model_copy(update={"job_id": "77", "last_seen": T0 + 1})], T0 + 1, explain, ctx)
+    assert list(stage._index()) == [("partial-idle-allocation", "77")]

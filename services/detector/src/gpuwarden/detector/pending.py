@@ -28,6 +28,7 @@ I/O, no wall clock: the stage is part of the detector's state (snapshot/restore)
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -173,22 +174,87 @@ class PendingStage:
                 if f.state is FailureState.RESOLVED:
                     h.resolved = f
                 else:
-                    h.latest_open, h.resolved = f, None
+                    self._reopen(fid, h, f)
             elif fid in self.published:
                 out.append(self._out(f))
             elif f.state is FailureState.RESOLVED:
                 continue  # never published: nothing to resolve
             elif f.rule_id in explain:
-                self.held[fid] = _Held(f.first_seen + explain[f.rule_id].window_s, f)
+                self._hold(fid, _Held(f.first_seen + explain[f.rule_id].window_s, f))
             else:
                 out.append(self._out(f))
-        due = sorted((h.deadline, fid) for fid, h in self.held.items() if final or h.deadline <= self.clock)
-        for _, fid in due:
+        for fid in self._due(final):
             if fid in self.held:  # a group decided earlier in this loop may have taken it
                 out += self._decide(fid, explain, ctx)
         if self.clock - self._pruned_at >= PRUNE_EVERY_S:
             self._prune()
         return out
+
+    # -- what is held: by deadline, and by rule and job ----------------------------------------
+    # (a large job's fault holds thousands of candidates: a scan of every held one per release, that
+    # is per input record, and per decision made the stage quadratic)
+    def _deadlines(self) -> list[tuple[float, str]]:
+        """A heap of ``(deadline, id)`` of the held candidates (entries of candidates no longer
+        held, or held again with another deadline, are skipped when they come up). Kept in
+        ``__dict__``: a snapshot from before it restores, and the heap is built from ``held``."""
+        heap: list[tuple[float, str]] | None = self.__dict__.get("deadlines")
+        if heap is None:
+            heap = self.__dict__["deadlines"] = [(h.deadline, fid) for fid, h in self.held.items()]
+            heapq.heapify(heap)
+        return heap
+
+    def _index(self) -> dict[tuple[str, str | None], dict[str, None]]:
+        """(rule id, job id) -> the held candidates with them (insertion order); built from
+        ``held`` for a snapshot from before it."""
+        index: dict[tuple[str, str | None], dict[str, None]] | None = self.__dict__.get("held_index")
+        if index is None:
+            index = self.__dict__["held_index"] = {}
+            for fid, h in self.held.items():
+                index.setdefault((h.latest_open.rule_id, h.latest_open.job_id), {})[fid] = None
+        return index
+
+    def _hold(self, fid: str, h: _Held) -> None:
+        self.held[fid] = h
+        heapq.heappush(self._deadlines(), (h.deadline, fid))
+        self._index().setdefault((h.latest_open.rule_id, h.latest_open.job_id), {})[fid] = None
+
+    def _unhold(self, fid: str) -> None:
+        h = self.held.pop(fid)
+        key = (h.latest_open.rule_id, h.latest_open.job_id)
+        index = self._index()
+        ids = index.get(key)
+        if ids is not None:
+            ids.pop(fid, None)
+            if not ids:
+                del index[key]
+
+    def _reopen(self, fid: str, h: _Held, f: Failure) -> None:
+        """A newer open version of a held candidate (its job may have become known)."""
+        if f.job_id != h.latest_open.job_id:
+            self._unhold(fid)
+            h.latest_open, h.resolved = f, None
+            self.held[fid] = h
+            self._index().setdefault((f.rule_id, f.job_id), {})[fid] = None
+            return
+        h.latest_open, h.resolved = f, None
+
+    def _peers(self, f: Failure) -> list[str]:
+        """Held candidates of ``f``'s rule and job (``f`` among them when held)."""
+        return list(self._index().get((f.rule_id, f.job_id), ()))
+
+    def _due(self, final: bool) -> list[str]:
+        """Ids of the held candidates to decide now, in (deadline, id) order: those whose deadline
+        the clock passed; every one when ``final``."""
+        if final:  # (the heap's entries of these are skipped once they come up)
+            return [fid for _, fid in sorted((h.deadline, fid) for fid, h in self.held.items())]
+        heap = self._deadlines()
+        due: list[str] = []
+        while heap and heap[0][0] <= self.clock:
+            deadline, fid = heapq.heappop(heap)
+            h = self.held.get(fid)
+            if h is not None and h.deadline == deadline:
+                due.append(fid)
+        return due
 
     # -- deciding a held candidate -----------------------------------------------------------
     def _decide(self, fid: str, explain: dict[str, Explain], ctx: StageContext) -> list[Failure]:
@@ -204,7 +270,7 @@ class PendingStage:
             if grouped is not None:
                 return grouped
         cause = self._cause(f, ex) if ex.by else None
-        del self.held[fid]
+        self._unhold(fid)
         if cause is not None:
             if ex.answers:
                 self._answered().setdefault(cause, set()).update(ex.answers)
@@ -269,14 +335,12 @@ class PendingStage:
         w = ex.window_s
         gid = self._open_group(f, w, "node")  # an open group of this rule, node and job: join it
         if gid is not None:
-            del self.held[fid]
+            self._unhold(fid)
             return self._join(gid, [fid], ctx)
         peers = [
             pid
-            for pid, h in self.held.items()
-            if (c := h.latest_open).rule_id == f.rule_id
-            and c.node == f.node
-            and c.job_id == f.job_id
+            for pid in self._peers(f)
+            if (c := self.held[pid].latest_open).node == f.node
             and c.gpu_index is not None
             and abs(c.first_seen - f.first_seen) <= w
         ]
@@ -297,11 +361,8 @@ class PendingStage:
         w = ex.window_s
         peers = [
             pid
-            for pid, h in self.held.items()
-            if (c := h.latest_open).rule_id == f.rule_id
-            and c.job_id == f.job_id
-            and c.gpu_index is not None
-            and abs(c.first_seen - f.first_seen) <= w
+            for pid in self._peers(f)
+            if (c := self.held[pid].latest_open).gpu_index is not None and abs(c.first_seen - f.first_seen) <= w
         ]
         by_node: dict[str, set[int]] = {}
         for p in peers:
@@ -317,7 +378,7 @@ class PendingStage:
                 return None
             joining = [p for p in peers if self.held[p].latest_open.node in inside]
             for p in joining:
-                del self.held[p]
+                self._unhold(p)
             return self._join(gid, joining, ctx)
         need = max(2, math.ceil(ex.job_share * max(ctx.nodes_in_job(job), len(by_node))))
         if f.node not in full or len(full) < need:
@@ -346,7 +407,7 @@ class PendingStage:
         members = [self.held[p].latest_open for p in peers]
         resolved = {p: self.held[p].resolved for p in peers}
         for p in peers:
-            del self.held[p]
+            self._unhold(p)
         group_f = ctx.aggregate(members, FailureState.OPEN, scope)
         gid = group_f.failure_id
         grp = self.groups[gid] = _Group(scope=scope, resolved=0)
