@@ -252,3 +252,36 @@ def test_the_end_of_a_finite_stream_evaluates_the_starts_still_waiting() -> None
     assert all({w.node for w in g} == {"n1", "n2"} for g in d._history["88"])
     assert not d._windows.get("88")
     assert d.flush() == [] and _starts(d) == [0.0, 10.0, 20.0, 30.0]  # nothing evaluated twice
+
+
+def test_an_ended_jobs_starts_waiting_for_a_silent_node_are_evaluated_after_a_bounded_wait() -> None:
+    """A node silent at the job's end never completes the job's last window starts, and the
+    job's own progress stops with its last windows: they are evaluated with the windows they have
+    once the detector's watermark is ENDED_WAIT_S past the end, and the job's state goes (it
+    waited until 10,000 more jobs had ended)."""
+    from gpuwarden.detector.jobwindows import ENDED_WAIT_S
+    from gpuwarden.shared.models import AttributedSample, GpuSample, NodeSample
+
+    d = Detector(load_catalog())
+    _running(d, ["n1", "n2", "n3"])
+    for k in range(3):  # n3 silent: starts 0-2 wait (its partition is not known, no backstop yet)
+        for n in ("n1", "n2"):
+            for w in _windows(n, k):
+                d.on_window(w)
+    assert not d._history.get("88")
+    d.on_job(JobState(job_id="88", ts=T0 + 30, state="FAILED", user="bob", nodes=["n1", "n2", "n3"],
+                      gpus={n: [0, 1, 2, 3] for n in ("n1", "n2", "n3")}, start_ts=T0, end_ts=T0 + 30))  # fmt: skip
+    assert d._windows.get("88")  # kept: still waiting
+    for w in _windows("n1", 3):  # a window closed after the end waits too
+        d.on_window(w)
+
+    def tick(ts: float) -> None:
+        ns = NodeSample(node="n9", ts=ts, collector_id="c", source="test", gpus=[GpuSample(index=0)])
+        d.on_sample(AttributedSample(sample=ns, jobs=[]), 0)
+
+    tick(T0 + 30 + ENDED_WAIT_S - 10)
+    assert "88" in d._windows  # not yet
+    tick(T0 + 40 + ENDED_WAIT_S + 1)
+    assert "88" not in d._windows and "88" not in d._history
+    assert d._window_done["88"] == T0 + 30  # starts 0-3 were evaluated, the late n1 window too
+    assert not d.__dict__.get("ending")

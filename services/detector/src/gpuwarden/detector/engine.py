@@ -260,6 +260,9 @@ class Detector(EventEpisodes, JobWindows):
         clock = self._watermark if self._part_watermarks else self._input_high
         if self._event_mark is not None:
             clock = min(clock, self._event_mark)
+        ending = self.__dict__.get("ending")
+        if ending and min(ending.values()) <= clock:  # an ended job's starts waited long enough
+            candidates = candidates + self.ended_jobs_due(clock)
         if not candidates and (not self._stage.held or clock <= self._stage.clock):
             return candidates  # the hot path: nothing new, nothing due
         return self._stage.release(candidates, clock, self._explain, self)
@@ -422,7 +425,7 @@ class Detector(EventEpisodes, JobWindows):
         """A job that ended resolves its job-scope conditions (nothing left to be idle or slow)."""
         out: list[Failure] = []
         end = job.end_ts if job.end_ts is not None else job.ts
-        self._forget_job(job.job_id)
+        self._forget_job(job.job_id, end)
         for key, tr in list(self._trackers.items()):
             rule_id, node, gpu, job_id = key
             if job_id != job.job_id or not tr.opened:

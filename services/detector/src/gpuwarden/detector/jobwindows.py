@@ -18,7 +18,7 @@ from gpuwarden.shared.models import Failure, GpuAttribution, JobState, JobWindow
 
 from .conditions import ConditionRule, JobContext, Reading, evaluate_job
 
-__all__ = ["ENDED_JOBS_KEPT", "STREAM_LAG", "WINDOW_LAG", "JobWindows"]
+__all__ = ["ENDED_JOBS_KEPT", "ENDED_WAIT_S", "STREAM_LAG", "WINDOW_LAG", "JobWindows"]
 
 #: A job's window start is evaluated without a node that has not reported it once the node's own
 #: correlator input partition (``JobWindow.stream_partition``) is this many windows past the
@@ -32,6 +32,10 @@ WINDOW_LAG = 30
 #: Ended jobs whose node count and last evaluated window start are kept (oldest dropped first):
 #: a job's last windows close after its end (the window grace, the Slurm hold) and still need both.
 ENDED_JOBS_KEPT = 10_000
+#: How long after a job's end (event time, s, on the detector's watermark) its window starts still
+#: waiting for a node are evaluated with the windows they have and its state dropped: a node silent
+#: at the end never completes them, and the job's progress stops with its last windows.
+ENDED_WAIT_S = 300.0
 
 
 class JobWindows:
@@ -132,6 +136,8 @@ class JobWindows:
             self.late_windows += 1
         else:
             self._windows.setdefault(job_id, {}).setdefault(w.window_start, {})[(w.node, w.gpu_index)] = w
+            if job_id in self._ended_jobs:  # a window closed after the job's end: it waits a bounded time
+                self._ending().setdefault(job_id, w.window_end + ENDED_WAIT_S)
         # how many nodes have each newest window start, over the job and per partition: the
         # bounds without a scan of every node (a 3,125-node job would make every window O(nodes))
         old = marks.get(w.node)
@@ -235,7 +241,8 @@ class JobWindows:
         # the nodes that will send the job's windows: those holding its GPUs (a node of the job
         # without any of its GPUs sends none); every node when Slurm named no GPUs
         with_gpus = {n for n, gpus in job.gpus.items() if gpus}
-        self._ended_jobs.pop(job.job_id, None)  # running again (requeued)
+        if self._ended_jobs.pop(job.job_id, None) is not None:  # running again (requeued)
+            self._ending().pop(job.job_id, None)
         if with_gpus or job.nodes:
             self._job_nodes[job.job_id] = len(with_gpus or set(job.nodes))
         if job.start_ts is None:
@@ -244,13 +251,18 @@ class JobWindows:
         if job.job_id in self._job_ctx:
             self._job_ctx[job.job_id].start_ts = job.start_ts
 
-    def _forget_job(self, job_id: str) -> None:
-        """A job that ended: its windows, progress and history go. Its node count and its last
-        evaluated window start stay (for the last :data:`ENDED_JOBS_KEPT` ended jobs): its last
-        windows close after its end, and a window of a start already evaluated is late, never a
-        group of its own."""
+    def _forget_job(self, job_id: str, end_ts: float) -> None:
+        """A job that ended at ``end_ts`` (epoch s). With no window start waiting, its windows,
+        progress and history go now; with some (a node behind, or silent), they stay until those
+        are evaluated, at the latest :data:`ENDED_WAIT_S` after the end on the detector's watermark
+        (:meth:`ended_jobs_due`). Its node count and its last evaluated window start stay (for the
+        last :data:`ENDED_JOBS_KEPT` ended jobs): its last windows close after its end, and a window
+        of a start already evaluated is late, never a group of its own."""
         nodes = self._job_nodes.pop(job_id, 0) or self._ended_jobs.pop(job_id, 0)
-        self._drop_job_state(job_id)
+        if self._windows.get(job_id):
+            self._ending()[job_id] = end_ts + ENDED_WAIT_S
+        else:
+            self._drop_job_state(job_id)
         self._ended_jobs[job_id] = nodes
         while len(self._ended_jobs) > ENDED_JOBS_KEPT:
             oldest = next(iter(self._ended_jobs))
@@ -258,8 +270,30 @@ class JobWindows:
             self._drop_job_state(oldest)
             self._window_done.pop(oldest, None)
 
+    def _ending(self) -> dict[str, float]:
+        """Ended job -> when its waiting window starts are evaluated without the missing nodes
+        (event time, s). Kept in ``__dict__``: a snapshot from before it restores."""
+        ending: dict[str, float] = self.__dict__.setdefault("ending", {})
+        return ending
+
+    def ended_jobs_due(self, clock: float) -> list[Failure]:
+        """The window starts still waiting of every ended job whose wait (:data:`ENDED_WAIT_S`)
+        the watermark ``clock`` (epoch s) has passed, evaluated with the windows they have; the
+        job's state then goes."""
+        ending = self.__dict__.get("ending")
+        if not ending:
+            return []
+        out: list[Failure] = []
+        for job_id in [j for j, due in ending.items() if due <= clock]:
+            groups = self._windows.get(job_id)
+            if groups:
+                out += self._evaluate_starts(job_id, groups, sorted(groups))
+            self._drop_job_state(job_id)
+        return out
+
     def _drop_job_state(self, job_id: str) -> None:
         """Every per-job dict but the node count and the last evaluated window start."""
+        self._ending().pop(job_id, None)
         self._windows.pop(job_id, None)
         self._window_marks.pop(job_id, None)
         self._window_tally.pop(job_id, None)
