@@ -415,3 +415,45 @@ async def test_one_xid79_is_one_page_with_the_shipped_alertmanager_config(
     assert shown[paged]["state"] == "active"
     others = {"GpuwardenFailureOpenFatal", "GpuwardenFailureOpenCritical", "GpuwardenGpuLost"} - {paged}
     assert all(shown[n]["state"] == "suppressed" and shown[n]["inhibitedBy"] for n in others), shown
+
+
+@pytest.mark.parametrize("case", ["drain-failed", "breaker-open"])
+async def test_a_failed_drain_and_an_open_breaker_are_one_page_each(
+    shipped_alertmanager: str, receivers: tuple[Receivers, int], case: str
+) -> None:
+    """The remediator's other critical alerts with what Prometheus fires for the same fault: a
+    drain that failed (``GpuwardenRemediationFailed``, the rules' fatal failure of the node) and an
+    open circuit breaker (``GpuwardenCircuitBreakerOpen``, the rules' ``GpuwardenRemediatorBreakerOpen``
+    on its metric) each page once (they paged twice before inhibit rules 1 and 5 named them)."""
+    rec, _ = receivers
+    node = "gpu-node-003"
+    now = time.time()
+    if case == "drain-failed":
+        prom = [{"alertname": "GpuwardenFailureOpenFatal", "severity": "critical", "gpuwarden_severity": "fatal",
+                 "node": node, "gpu": "5", "pattern": "gpu-fallen-off-bus", "job_id": "1001"}]  # fmt: skip
+        paged = "GpuwardenRemediationFailed"
+    else:
+        prom = [{"alertname": "GpuwardenRemediatorBreakerOpen", "severity": "critical", "job": "gpuwarden-remediator",
+                 "instance": "c:9475"}]  # fmt: skip
+        paged = "GpuwardenCircuitBreakerOpen"
+    body = [{"labels": lb, "annotations": {"summary": lb["alertname"]}} for lb in prom]
+    async with aiohttp.ClientSession() as http, http.post(f"{shipped_alertmanager}/api/v2/alerts", json=body) as r:
+        assert r.status == 200, await r.text()
+    from gpuwarden.remediator.remediation_alerts import RemediationAlerts
+
+    sink = AlertmanagerSink(SecretStr(shipped_alertmanager))
+    alerter = Alerter([sink], labels={"cluster": "prod-a"})
+    alerts = RemediationAlerts(alerter, dry_run=False, generator_url=lambda _: None)
+    if case == "drain-failed":
+        f = make_failure(node=node, gpu_index=5, severity=Severity.FATAL, first_seen=now - 5, last_seen=now)
+        await alerts.drain_failed(f, "scontrol: Unable to contact slurm controller")
+    else:
+        await alerts.breaker_open("3 of 20 nodes down (max 10 %)")
+    await asyncio.sleep(6)  # group_wait 1 s, group_interval 1 s: several rounds
+    pages = rec.alerts("pager")
+    assert [(st, a["labels"]["alertname"]) for st, a in pages] == [("firing", paged)], pages
+    assert rec.alerts("ticket") == []
+    async with aiohttp.ClientSession() as http, http.get(f"{shipped_alertmanager}/api/v2/alerts") as r:
+        shown = {a["labels"]["alertname"]: a["status"] for a in await r.json()}
+    other = prom[0]["alertname"]
+    assert shown[other]["state"] == "suppressed" and shown[other]["inhibitedBy"], shown
