@@ -406,6 +406,11 @@ def test_a_registry_metric_that_clashes_with_metrics_csv_is_refused() -> None:
         build_catalog([*FIELDS, prom])
     with pytest.raises(ValueError, match="otel_name needs a number or bool field"):
         FieldSpec(field="label", type="str", otel_name="gpuwarden.gpu.label")
+    # two registry rows of one Prometheus name: two HELP/TYPE blocks, a scrape Prometheus refuses
+    a = FieldSpec(field="gizmo_pct", type="float", unit="%", otel_name="gpuwarden.gpu.gizmo.a", description="A, %")
+    b = FieldSpec(field="gizmo", type="float", unit="%", otel_name="gpuwarden.gpu.gizmo.b", description="B, %")
+    with pytest.raises(ValueError, match=r"\['gizmo_pct', 'gizmo'\] make gpuwarden_gpu_gizmo_ratio"):
+        build_catalog([*FIELDS, a, b])
 
 
 def test_a_bad_row_is_refused_with_its_line(tmp_path: Path) -> None:
@@ -418,3 +423,71 @@ def test_a_bad_row_is_refused_with_its_line(tmp_path: Path) -> None:
     path.write_text(SHIPPED.read_text().replace("energy_j,float,J", "energy_j,float,kWh"))
     with pytest.raises(ValueError, match="unit 'kWh'"):
         load_fields(path)
+
+
+def _row(**cells: object) -> str:
+    cols = SHIPPED.read_text(encoding="utf-8").splitlines()[0].split(",")
+    return ",".join(str(cells.get(c, "")) for c in cols) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (lambda t: t + _row(field="class", type="float", unit="%"), "cannot be a GpuSample attribute"),
+        (lambda t: t + _row(field="model_dump", type="float", unit="%"), "cannot be a GpuSample attribute"),
+        (lambda t: t + _row(field="gizmo_pct", type="float", unit="%", ge=100, le=0), "ge 100 is above le 0"),
+        (lambda t: t + _row(field="gizmo_count", type="int", unit="count", ge=0.5), "bounds are whole numbers"),
+        (lambda t: t + _row(field="gizmo_pct", type="float", unit="%", description="a\u2028b"), "must be printable"),
+        (lambda t: t + _row(field="gizmo_pct", type="float", unit="%", dmon="gz", dmon_scale="nan"), "finite"),
+        (lambda t: t + _row(field="gizmo_pct", type="float", smi_query="g", smi_kind="pstate"), "reads an int"),
+        (lambda t: t + _row(field="gizmo_pct", type="float", unit="%", description="x" * 95), "at most 90"),
+        (lambda t: t + "gizmo_pct,float,%\n", "3 cells, the header has 20"),
+        (lambda t: t.rstrip("\n") + ",extra\n", "21 cells, the header has 20"),
+        (lambda t: t.replace(",ge,", ",", 1), "the header lacks the column\\(s\\) ge"),
+        (lambda t: t.splitlines()[0] + "\n", "no field rows"),
+    ],
+    ids=[
+        "keyword",
+        "pydantic-name",
+        "ge-above-le",
+        "int-bound",
+        "separator",
+        "nan-scale",
+        "pstate-float",
+        "long-description",
+        "short-row",
+        "long-row",
+        "missing-column",
+        "empty",
+    ],
+)
+def test_rows_that_would_break_the_model_or_the_readers_are_refused(tmp_path: Path, text: Any, message: str) -> None:
+    """A row the generator could write into models.py only to break every import (a keyword, a
+    pydantic name, an int bound of 0.5, a line separator), a bound pair nothing passes, a scale
+    that is not a number, a CSV cell count or header that silently shifts or drops a column."""
+    path = tmp_path / "fields.csv"
+    path.write_text(text(SHIPPED.read_text(encoding="utf-8")), encoding="utf-8")
+    with pytest.raises(ValueError, match=message):
+        load_fields(path)
+
+
+def test_a_spreadsheets_byte_order_mark_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "fields.csv"
+    path.write_text("\ufeff" + SHIPPED.read_text(encoding="utf-8"), encoding="utf-8")
+    assert load_fields(path) == FIELDS
+
+
+def test_the_generator_writes_nothing_that_would_not_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A generated block that does not compile leaves models.py as it was and says why (a broken
+    models.py fails every gpuwarden import, the generator's own included)."""
+    from gpuwarden.shared import fieldgen
+
+    models_py = tmp_path / "models.py"
+    original = fieldgen._models_path().read_text(encoding="utf-8")
+    models_py.write_text(original, encoding="utf-8")
+    bad = FieldSpec(field="gizmo_pct", type="float", unit="%", ge="0", description="G, %")
+    monkeypatch.setattr(fieldgen, "FIELDS", (*FIELDS, bad))
+    monkeypatch.setattr(fieldgen, "render_field", lambda f: f"    {f.field}: float | None = Field(None, ge=)")
+    with pytest.raises(ValueError, match="not written"):
+        fieldgen.generate(path=models_py)
+    assert models_py.read_text(encoding="utf-8") == original

@@ -165,17 +165,43 @@ def generate(check: bool = False, path: Path | None = None) -> bool:
     if new == text:
         return False
     if not check:
+        _compiles(new, path)
         path.write_text(new, encoding="utf-8")
     return True
 
 
+def _compiles(text: str, path: Path) -> None:
+    """Refuse to write a ``models.py`` that would not import (every ``gpuwarden`` import, this
+    generator's included, would fail until the file is restored by hand): the whole file must
+    compile and the generated ``GpuSample`` block must build as a model.
+
+    Raises:
+        ValueError: what Python or pydantic said, nothing written.
+    """
+    try:
+        compile(text, str(path), "exec")
+        lines = block(FIELDS, text).splitlines()
+        src = "class GpuSample(Model):\n" + "\n".join(lines[1:-1]) + "\n"
+        exec(compile(src, "<generated GpuSample>", "exec"), dict(vars(models)))
+    except Exception as exc:  # any failure: the file must not be written
+        raise ValueError(
+            f"{path}: not written, the generated GpuSample would not import: {type(exc).__name__}: {exc}"
+        ) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m gpuwarden.shared.fieldgen [--check]``: 0 when current (or rewritten), 1 when
-    ``--check`` finds the block stale."""
+    ``--check`` finds the block stale, 2 when the registry cannot be written (nothing written).
+    It rewrites the ``models.py`` of the ``gpuwarden.shared`` it imports (printed): run it with
+    the checkout's own environment."""
     ap = argparse.ArgumentParser(prog="python -m gpuwarden.shared.fieldgen", description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 when models.py is stale")
     args = ap.parse_args(argv)
-    changed = generate(check=args.check)
+    try:
+        changed = generate(check=args.check)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     where = _models_path()
     if args.check and changed:
         print(f"{where}: GpuSample differs from fields.csv; run python -m gpuwarden.shared.fieldgen", file=sys.stderr)

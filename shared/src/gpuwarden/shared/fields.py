@@ -22,7 +22,8 @@ smi_query      ``nvidia-smi --query-gpu`` names read for the field (also the ``-
                names ``gpu_uuid``...); the CSV readers' column table (:func:`smi_query_fields`)
 smi_kind       how the CSV text is read when not by ``type``: ``pstate`` (``P0`` -> 0), ``pci``
                (normalised bus id)
-smi_xml        ``nvidia-smi -q -x`` paths under ``<gpu>`` (documentation; the XML parser is code)
+smi_xml        ``nvidia-smi -q -x`` paths under ``<gpu>``, tried in order (the XML reader reads a
+               scalar row's paths generically; ``smi_xml.XML_IN_CODE`` lists those read in code)
 dmon           ``nvidia-smi dmon`` column (:func:`dmon_columns`)
 dmon_scale     factor from dmon's unit to the model's (``rxpci`` MB/s -> KB/s: 1000)
 dcgm_field     the DCGM field (``DCGM_FI_*``); list rows may name several (read by code)
@@ -54,13 +55,15 @@ from __future__ import annotations
 import csv
 import functools
 import io
+import keyword
+import math
 import re
 from collections.abc import Iterable
 from importlib.resources import files
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 __all__ = [
     "FIELDS",
@@ -104,6 +107,10 @@ OTEL_UNITS: dict[str, tuple[str, float, str, str]] = {
     "": ("1", 1.0, "", ""),
 }
 _BOUND_RE = re.compile(r"^(-?[0-9]+(\.[0-9]+)?|[A-Z][A-Z0-9_]*)$")
+_INT_RE = re.compile(r"^-?[0-9]+$")
+#: Longest description of a scalar row: the generator writes its declaration on one line of 120
+#: characters at most (``fieldgen.LINE_LENGTH``).
+MAX_SCALAR_DESCRIPTION = 90
 _OTEL_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-/]{0,254}$")
 
 
@@ -150,6 +157,30 @@ class FieldSpec(BaseModel):
     def _blank_none(cls, v: object) -> object:
         return None if v == "" else v
 
+    @field_validator("dmon_scale", "dcgm_scale")
+    @classmethod
+    def _scale(cls, v: float | None) -> float | None:
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise ValueError(f"scale {v} must be a finite number > 0")
+        return v
+
+    @field_validator("field")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        # the generator writes it as a GpuSample attribute: a keyword, a pydantic name or a
+        # BaseModel attribute would break models.py (and every import of gpuwarden with it)
+        if len(v) > 64 or keyword.iskeyword(v) or v.startswith("model_") or hasattr(BaseModel, v):
+            raise ValueError(f"field name {v!r} cannot be a GpuSample attribute (a Python keyword, a pydantic "
+                             "name such as model_*, or longer than 64 characters)")  # fmt: skip
+        return v
+
+    @field_validator("description", "notes")
+    @classmethod
+    def _printable(cls, v: str) -> str:
+        if not v.isprintable():
+            raise ValueError("text must be printable, one line (no control or line/paragraph separators)")
+        return v
+
     @field_validator("unit")
     @classmethod
     def _unit(cls, v: str) -> str:
@@ -183,6 +214,18 @@ class FieldSpec(BaseModel):
             raise ValueError(f"{self.field}: str_kind is for a str field")
         if (self.ge or self.le) and self.type not in ("int", "float"):
             raise ValueError(f"{self.field}: ge/le bound a number (int or float)")
+        numbers = [b for b in (self.ge, self.le) if b and not b[0].isalpha()]
+        if self.type == "int" and not all(_INT_RE.match(b) for b in numbers):
+            raise ValueError(f"{self.field}: an int field's bounds are whole numbers")
+        if len(numbers) == 2 and float(self.ge) > float(self.le):
+            raise ValueError(f"{self.field}: ge {self.ge} is above le {self.le}: no value would pass")
+        if self.smi_kind and (self.smi_kind, self.type) not in (("pstate", "int"), ("pci", "str")):
+            raise ValueError(
+                f"{self.field}: smi_kind {self.smi_kind} reads an {'int' if self.smi_kind == 'pstate' else 'str'} field"
+            )
+        if scalar and len(self.description) > MAX_SCALAR_DESCRIPTION:
+            raise ValueError(f"{self.field}: description of {len(self.description)} characters (at most "
+                             f"{MAX_SCALAR_DESCRIPTION}: the generated declaration is one line)")  # fmt: skip
         if self.otel_name:
             if self.type not in ("int", "float", "bool"):
                 raise ValueError(f"{self.field}: otel_name needs a number or bool field")
@@ -225,16 +268,32 @@ def load_fields(path: str | Path | None = None) -> tuple[FieldSpec, ...]:
     """
     where = str(path) if path else "fields.csv"
     try:
-        text = Path(path).read_text(encoding="utf-8") if path else _default_text()
+        # utf-8-sig: a spreadsheet's CSV starts with a byte-order mark
+        text = Path(path).read_text(encoding="utf-8-sig") if path else _default_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"{where}: cannot read: {exc}") from exc
     out: list[FieldSpec] = []
     seen: dict[str, int] = {}
-    for n, row in enumerate(csv.DictReader(io.StringIO(text)), start=2):
+    reader = csv.DictReader(io.StringIO(text))
+    columns = list(FieldSpec.model_fields)
+    header = reader.fieldnames or []
+    if missing := [c for c in columns if c not in header]:
+        raise ValueError(f"{where} line 1: the header lacks the column(s) {', '.join(missing)}")
+    if unknown := [c for c in header if c not in columns]:
+        raise ValueError(f"{where} line 1: unknown column(s) {', '.join(map(repr, unknown))}; the columns are "
+                         f"{', '.join(columns)}")  # fmt: skip
+    for row in reader:
+        n = reader.line_num
+        if None in row or any(v is None for v in row.values()):
+            cells = len(header) + len(row.get(None) or ()) - sum(v is None for v in row.values())
+            raise ValueError(f"{where} line {n}: {cells} cells, the header has {len(header)}")
         try:
             spec = FieldSpec.model_validate(row)
         except ValueError as exc:
-            raise ValueError(f"{where} line {n}: {exc}") from exc
+            name = row.get("field") or "?"
+            errs = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'row'}: {e['msg']}" for e in exc.errors()) \
+                if isinstance(exc, ValidationError) else str(exc)  # fmt: skip
+            raise ValueError(f"{where} line {n} (field {name}): {errs}") from None
         keys = [("field", spec.field)]
         if spec.type != "list":
             keys += [("dcgm_field", d) for d in spec.dcgm_field] + ([("dmon", spec.dmon)] if spec.dmon else [])
@@ -243,6 +302,8 @@ def load_fields(path: str | Path | None = None) -> tuple[FieldSpec, ...]:
                 raise ValueError(f"{where} line {n}: {k} is also on line {seen[k]}")
             seen[k] = n
         out.append(spec)
+    if not out:
+        raise ValueError(f"{where}: no field rows")
     return tuple(out)
 
 

@@ -187,8 +187,9 @@ def build_catalog(fields: Sequence[FieldSpec] = FIELDS, text: str | None = None)
 
     Raises:
         ValueError: as :func:`load_catalog`; a registry entry whose key (its field) is an ``otel``
-            key of ``metrics.csv``, whose Prometheus name a ``metrics.csv`` row has, or that
-            disagrees on unit, instrument or description with the rows of its OTel name.
+            key of ``metrics.csv``, whose Prometheus name a ``metrics.csv`` row or another registry
+            row has, or that disagrees on unit, instrument or description with the rows of its OTel
+            name.
     """
     rows = load_catalog(text if text is not None else files(__package__).joinpath("metrics.csv").read_text("utf-8"))
     extra = registry_entries(fields)
@@ -198,6 +199,12 @@ def build_catalog(fields: Sequence[FieldSpec] = FIELDS, text: str | None = None)
     prom = {e.prom_name for e in rows if e.naming != "dcgm"}
     if twice := sorted(e.prom_name for e in extra if e.prom_name in prom):
         raise ValueError(f"fields.csv: otel_name rows make Prometheus names of metrics.csv rows {twice}")
+    by_prom: dict[str, list[str]] = {}
+    for e in extra:
+        by_prom.setdefault(e.prom_name, []).append(e.key)
+    if clash := {p: ks for p, ks in by_prom.items() if len(ks) > 1}:
+        # two HELP/TYPE blocks of one name: Prometheus refuses the whole scrape
+        raise ValueError(f"fields.csv: rows {', '.join(f'{ks} make {p}' for p, ks in clash.items())}: one name each")
     _check_names((*rows, *extra), "metrics.csv + fields.csv")
     return (*rows, *extra)
 
