@@ -330,7 +330,7 @@ def _parser_summary(ep_value: object) -> str:
     doc = " ".join((getattr(fn, "__doc__", None) or "").strip().split("\n\n", 1)[0].split())
     doc = re.sub(r":\w+:`~?([^`]+)`", r"\1", doc).replace("``", "")  # reST roles/literals -> text
     first = re.split(r"(?<=[.)])\s+(?=[A-Z])", doc, maxsplit=1)[0]
-    first = first if len(first) <= 200 else first[:197] + "..."
+    first = first if len(first) <= 200 else first[:197].rsplit(" ", 1)[0].rstrip(",;:") + " ..."  # at a word
     return escape(first) if help_markup() else first  # rich reads [..] as markup; plain help prints it
 
 

@@ -210,9 +210,9 @@ class _Chaos:
         self.hostile_per_topic = HOSTILE_PER_TOPIC_SHORT if short else HOSTILE_PER_TOPIC
         from gpuwarden.correlator.settings import CorrelatorSettings
 
-        size = CorrelatorSettings.model_fields["correlator_window_s"].default
-        grace = CorrelatorSettings.model_fields["correlator_window_grace_s"].default
-        self.ledger = WindowLedger(float(size), float(grace))
+        # the window the pipeline's correlator uses: its settings from the same environment
+        cs = CorrelatorSettings()
+        self.ledger = WindowLedger(cs.correlator_window_s, cs.correlator_window_grace_s)
         self.t0 = time.monotonic()
 
     def say(self, msg: str) -> None:
