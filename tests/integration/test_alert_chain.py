@@ -23,14 +23,21 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from aiohttp import web
-from test_alertmanager_real import SHIPPED, Receivers, _run_alertmanager, alertmanager_binary, free_port
+from test_alertmanager_real import (  # noqa: F401 - alertmanager_choice, receivers: fixtures used here
+    SHIPPED,
+    Receivers,
+    _run_alertmanager,
+    alertmanager_binary,
+    alertmanager_choice,
+    free_port,
+    receivers,
+)
 
 from gpuwarden.demo.runner import Pipeline
 from gpuwarden.shared.scenario import load_scenario
@@ -48,23 +55,7 @@ SETTLE_S = 40.0
 
 
 @pytest.fixture
-async def receivers() -> AsyncIterator[tuple[Receivers, int]]:
-    rec = Receivers()
-    app = web.Application()
-    for name in rec.got:
-        app.router.add_post(f"/{name}", rec.view(name))
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield rec, port
-    finally:
-        await runner.cleanup()
-
-
-@pytest.fixture
-def shipped_am(receivers: tuple[Receivers, int], tmp_path: Path) -> Iterator[str]:
+def shipped_am(receivers: tuple[Receivers, int], tmp_path: Path) -> Iterator[str]:  # noqa: F811 - the fixture
     """The shipped Alertmanager config as shipped (routes, timers, inhibit rules), its receivers'
     URLs pointed at ``receivers``; yields its base URL."""
     if alertmanager_binary() is None or shutil.which("prometheus") is None:
@@ -139,7 +130,7 @@ class _Prometheus:
 async def test_one_xid79_through_services_prometheus_and_alertmanager_is_one_page(
     remediator_alerts: bool,
     kafka_bootstrap: str,
-    receivers: tuple[Receivers, int],
+    receivers: tuple[Receivers, int],  # noqa: F811 - the fixture
     shipped_am: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
