@@ -17,7 +17,9 @@ GPUWARDEN = Path(sys.executable).with_name("gpuwarden")
 LINE = re.compile(
     r"^chaos: injected (\d+), found (\d+), lost (\d+), duplicate failures (\d+), duplicate drains (\d+), "
     r"foreign reasons overwritten (\d+), fuzzed (\d+), dead-lettered (\d+), crashes (\d+), "
-    r"hostile (\d+), stopped at the edge (\d+), leaked (\d+), windows lost (\d+)$"
+    r"hostile (\d+), stopped at the edge (\d+), leaked (\d+), windows lost (\d+), "
+    r"readings lost (\d+), samples lost before Kafka (\d+), drains beyond the breaker (\d+), "
+    r"false positives (\d+)$"
 )
 
 
@@ -33,9 +35,8 @@ def test_bench_chaos_short_loses_nothing(tmp_path: Path) -> None:
     last = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
     m = LINE.match(last)
     assert m, f"no chaos line at the end:\n{text[-4000:]}"
-    injected, found, lost, dup_f, dup_d, overwritten, fuzzed, dead, crashes, hostile, stopped, leaked, wlost = map(
-        int, m.groups()
-    )
+    (injected, found, lost, dup_f, dup_d, overwritten, fuzzed, dead, crashes, hostile, stopped, leaked, wlost,
+     rlost, dropped, over_breaker, fps) = map(int, m.groups())  # fmt: skip
     assert injected == 5 and found == injected, last
     assert (lost, dup_f, dup_d, overwritten, crashes) == (0, 0, 0, 0, 0), last
     assert fuzzed == 50 and dead == fuzzed, last
@@ -43,5 +44,10 @@ def test_bench_chaos_short_loses_nothing(tmp_path: Path) -> None:
     # dead-lettered exactly once, by its topic's edge service
     assert hostile == 5000 and stopped == hostile and leaked == 0, last
     # every job window the valid samples on gpu.samples closed reached job.windows, whole
-    assert wlost == 0, last
+    assert wlost == 0 and rlost == 0, last
+    # every tick the collector took while up reached gpu.samples (the outage buffer held them
+    # through the outage), and no drain went past the circuit breaker
+    assert dropped == 0 and over_breaker == 0, last
+    # no finding on a healthy node: the kills, the outage and the hostile records raise nothing
+    assert fps == 0, last
     assert out.returncode == 0, text[-4000:]

@@ -105,3 +105,45 @@ async def test_a_lost_state_file_keeps_the_failure_id_of_an_open_episode(
         await p.stop()
     assert [f.failure_id for f in fails] == [first.failure_id] * 2, fails
     assert fails[1].occurrences == 2 and fails[1].last_seen == 1400.0 and fails[1].job_id == "7"
+
+
+async def test_with_a_state_file_the_last_records_of_a_quiet_stream_are_committed(
+    bus_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The state file's commit hook defers a commit until a state write is due; a deferred
+    commit after the stream's last record was never retried while no new record came, so the
+    detector's group stayed behind forever (found by the chaos bench once its detector ran with
+    the shipped state file: the run never drained)."""
+    from aiokafka import TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    bs, prefix = bus_env["GPUWARDEN_BOOTSTRAP_SERVERS"], bus_env["GPUWARDEN_TOPIC_PREFIX"]
+    settings = DetectorSettings(detector_state_file=tmp_path / "detector.state", detector_state_interval_s=2.0)
+    svc = DetectorService(settings)
+    await svc.start()
+    p = AIOKafkaProducer(bootstrap_servers=bs)
+    await p.start()
+    admin = AIOKafkaAdminClient(bootstrap_servers=bs)
+    await admin.start()
+    topic = f"{prefix}gpu.events.attributed"
+    try:
+        for i in range(3):  # one after the other: the 2nd and 3rd land inside the state interval
+            ev = GpuEvent(event_id=f"q{i}", node="gpu-node-001", ts=1000.0 + i, kind=EventKind.XID, code=13,
+                          gpu_index=0, message="Graphics Exception", raw=f"NVRM: Xid (PCI:0000:18:00): 13, {i}",
+                          source="test")  # fmt: skip
+            await p.send_and_wait(topic, AttributedEvent(event=ev).to_json(), key=b"gpu-node-001")
+            await asyncio.sleep(0.3)
+        group = f"{settings.consumer_group or 'gpuwarden-detector'}-events"
+        committed: dict[TopicPartition, int] = {}
+        for _ in range(60):  # the state interval (2 s) and a commit interval later, without new input
+            offs = await admin.list_consumer_group_offsets(group)
+            committed = {tp: m.offset for tp, m in offs.items() if tp.topic == topic}
+            if sum(committed.values()) >= 3:
+                break
+            await asyncio.sleep(0.25)
+        assert sum(committed.values()) == 3, committed
+        assert svc.durable.writes >= 1
+    finally:
+        await admin.close()
+        await p.stop()
+        await svc.stop()

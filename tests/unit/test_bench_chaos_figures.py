@@ -19,8 +19,17 @@ def test_chaos_line_is_the_documented_format() -> None:
     assert chaos_line(f) == (
         "chaos: injected 5, found 5, lost 0, duplicate failures 0, duplicate drains 0, "
         "foreign reasons overwritten 0, fuzzed 50, dead-lettered 49, crashes 1, "
-        "hostile 5000, stopped at the edge 4999, leaked 0, windows lost 0"
+        "hostile 5000, stopped at the edge 4999, leaked 0, windows lost 0, readings lost 0, "
+        "samples lost before Kafka 0, drains beyond the breaker 0, false positives 0"
     )
+
+
+def test_a_sample_lost_before_kafka_fails_the_run_and_names_itself() -> None:
+    f = ChaosFigures(injected=5, found=5, fuzzed=50, dead_lettered=50, samples_lost_before_kafka=9)
+    assert chaos_failed(f) == ["9 samples lost before Kafka (ticks with no sample)"]
+    assert chaos_line(f).endswith("samples lost before Kafka 9, drains beyond the breaker 0, false positives 0")
+    f = ChaosFigures(injected=5, found=5, fuzzed=50, dead_lettered=50, false_positives=2)
+    assert chaos_failed(f) == ["2 false positives (failures no injected fault explains)"]
 
 
 def test_chaos_scenario_loads_with_one_expectation_per_fault(tmp_path: Path) -> None:

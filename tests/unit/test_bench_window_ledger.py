@@ -60,3 +60,24 @@ def test_injected_records_and_undecodable_ones_imply_no_window() -> None:
     led.observe("failures", 1, 10, b"{}")  # another topic: ignored
     assert led.loss(exclude=[(1, 7)]).lost == 0  # n2's only valid sample closes nothing
     assert led.loss().lost == 2  # taken as valid, the injected one closes n2's window T0 (2 GPUs)
+
+
+def test_missing_ticks_count_samples_lost_before_kafka_outside_the_collectors_downtime() -> None:
+    led = WindowLedger(10.0, 5.0)
+    for i in range(30):
+        if i not in (4, 5, 12, 20, 21, 22):  # n1's ticks that never reached gpu.samples
+            led.observe("gpu.samples", 0, i, _sample("n1", T0 + i))
+        if i not in (20, 21, 22):
+            led.observe("gpu.samples", 1, i, _sample("n2", T0 + i))
+    assert led.missing_ticks(1.0) == (9, [("n1", T0 + 4), ("n1", T0 + 5), ("n1", T0 + 12), ("n1", T0 + 20),
+                                          ("n1", T0 + 21)])  # fmt: skip
+    # 20-22: the collector was down (a tick never taken is not a tick lost)
+    assert led.missing_ticks(1.0, excused=[(T0 + 19.5, T0 + 22.5)]) == (3, [("n1", T0 + 4), ("n1", T0 + 5),
+                                                                          ("n1", T0 + 12)])  # fmt: skip
+    # a hostile record at an odd time (excluded by partition and offset) makes no gap of its own
+    led.observe("gpu.samples", 0, 999, _sample("n1", T0 + 40))
+    assert led.missing_ticks(1.0, exclude=[(0, 999)], excused=[(T0 + 19.5, T0 + 22.5)])[0] == 3
+    assert led.missing_ticks(1.0, excused=[(T0 + 19.5, T0 + 22.5)])[0] == 3 + 10  # 30..39 of n1
+    # ticks one node's source skipped on purpose ([from, to): 4 and 5, not 6)
+    assert led.missing_ticks(1.0, exclude=[(0, 999)], excused=[(T0 + 19.5, T0 + 22.5)],
+                             node_excused={"n1": [(T0 + 3.2, T0 + 6)]}) == (1, [("n1", T0 + 12)])  # fmt: skip

@@ -385,3 +385,64 @@ async def test_event_watcher_thread_delivers_xid_and_stops(refuse_ecc: bool) -> 
     ]
     await src.close()
     assert nv.freed and not w.started
+
+
+def test_a_reading_the_model_cannot_hold_is_dropped_and_counted_not_the_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver's sentinel (a utilisation of 4294967295, a negative power draw) used to fail the
+    whole node's sample every tick (the node then looked silent). Now only that reading goes."""
+    monkeypatch.setitem(VALUES, "nvmlDeviceGetUtilizationRates", SimpleNamespace(gpu=4294967295, memory=41))
+    monkeypatch.setitem(VALUES, "nvmlDeviceGetPcieReplayCounter", -1)
+    src = _src(ScriptedNvml(count=2))
+    s = src.collect_sync()
+    assert [g.index for g in s.gpus] == [0, 1]
+    g = s.gpus[0]
+    assert g.utilization_gpu_pct is None and g.pcie_replay_count is None
+    assert (g.utilization_memory_pct, g.power_w, g.temperature_c) == (41.0, 650.0, 65)  # the rest kept
+    assert src.dropped.counts == {"utilization_gpu_pct": 2, "pcie_replay_count": 2}
+    src.collect_sync()
+    assert src.dropped.counts["utilization_gpu_pct"] == 4
+
+
+def test_fan_speed_over_100_is_a_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVML: the fan speed 'may exceed 100% in certain cases' (nvmlDeviceGetFanSpeed)."""
+    monkeypatch.setitem(VALUES, "nvmlDeviceGetFanSpeed", 110)
+    src = _src(ScriptedNvml())
+    assert src.collect_sync().gpus[0].fan_speed_pct == 110.0
+    assert not src.dropped.counts
+
+
+def _lost_handle(lost: set[int]) -> Any:
+    def handle(i: int) -> Any:
+        if i in lost:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return SimpleNamespace(index=i)
+
+    return handle
+
+
+def test_a_collector_started_after_a_gpu_fell_off_the_bus_names_the_xids_gpu_by_elimination(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Started (or restarted) after XID 79, the collector cannot read the lost GPU's bus; the XID
+    in the kernel log names the bus only. NVML still numbers the lost GPU: with one lost index
+    and a bus no other GPU has, the XID is that GPU's."""
+    buses = {0: b"00000000:18:00.0", 2: b"00000000:3A:00.0"}
+    monkeypatch.setitem(VALUES, "nvmlDeviceGetHandleByIndex", _lost_handle({1}))
+    monkeypatch.setitem(VALUES, "nvmlDeviceGetPciInfo", lambda h: SimpleNamespace(busId=buses[h.index]))
+    src = _src(ScriptedNvml(count=3))
+    s = src.collect_sync()
+    assert [g.index for g in s.gpus] == [0, 2]
+    line = "NVRM: Xid (PCI:0000:2a:00): 79, pid=1234, name=python, GPU has fallen off the bus."
+    (ev,) = src.parse_lines([line])
+    assert (ev.code, ev.gpu_index, ev.pci_bus_id) == (79, 1, "0000:2a:00.0")
+    # an XID of a GPU it knows keeps that GPU
+    (known,) = src.parse_lines(["NVRM: Xid (PCI:0000:3a:00): 13, Graphics Exception"])
+    assert known.gpu_index == 2
+
+
+def test_two_lost_gpus_leave_a_bus_only_xid_without_an_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(VALUES, "nvmlDeviceGetHandleByIndex", _lost_handle({1, 2}))
+    src = _src(ScriptedNvml(count=3))
+    src.collect_sync()
+    (ev,) = src.parse_lines(["NVRM: Xid (PCI:0000:2a:00): 79, GPU has fallen off the bus."])
+    assert ev.gpu_index is None and ev.pci_bus_id == "0000:2a:00.0"  # nothing guessed

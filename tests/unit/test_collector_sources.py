@@ -171,3 +171,22 @@ async def test_replay_source_node_filter_and_missing_root(tmp_path: Path) -> Non
     assert [s.node for s in await ReplaySource(tmp_path, ["b"], lambda: START).collect()] == ["b"]
     with pytest.raises(FileNotFoundError):
         await ReplaySource(tmp_path / "missing", None, lambda: START).collect()
+
+
+async def test_a_resumed_simulated_collector_samples_from_now_not_from_second_0() -> None:
+    """Issue 25: a restarted collector resumes where the scenario is, as a real one samples
+    "now"; a replay from second 0 would refill the hole its death made and hide the loss."""
+    import time
+
+    clock = ScenarioClock(START, speed=1.0, wall_start=time.time() - 7.4)  # 7.4 s into the run
+    src = SimulatedSource(scenario(), clock, resume=True)
+    assert src.next_due() == pytest.approx(clock.wall_of(8))
+    samples, events = await run_ticks(src, 2)
+    assert sorted({s.ts for s in samples}) == [clock.event_ts(8), clock.event_ts(9)]
+    # the kernel log is read from its start (no saved /dev/kmsg position): the XID at 5 s is there
+    assert [e.code for e in events if e.kind is EventKind.XID] == [79]
+    # the GPU that fell off the bus at 5 s is gone from its node's samples
+    assert {len(s.gpus) for s in samples if s.node == "gpu-node-002"} == {7}
+    # not resuming, or before the scenario starts: second 0
+    assert SimulatedSource(scenario(), clock).t == 0.0
+    assert SimulatedSource(scenario(), ScenarioClock(START, 1.0, time.time() + 5), resume=True).t == 0.0

@@ -182,3 +182,48 @@ def test_the_service_counts_unknown_attributed_samples() -> None:
         asyncio.run(svc.handle("gpu.attributed", sample(float(t), att)))  # type: ignore[arg-type]
     text = generate_latest(svc.metrics.registry).decode()
     assert "gpuwarden_detector_unknown_samples_total 3.0" in text
+
+
+def test_an_xid_named_by_bus_only_gets_the_gpu_index_the_samples_gave_that_bus() -> None:
+    """A collector restarted after a GPU fell off the bus cannot enumerate that GPU and reads the
+    XID from the kernel log by PCI bus id alone (found by the chaos bench once a restarted
+    collector stopped replaying from second 0): the failure still names the GPU's index."""
+    from gpuwarden.detector.lanes import as_attributed
+    from gpuwarden.shared.nvidia.kernel_log import parse_kernel_log_line
+
+    d = Detector(CATALOG)
+    d.on_sample(sample(0, pci_bus_id="0000:44:00.0", uuid="GPU-44"))
+    ev = parse_kernel_log_line("NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus", NODE, T0 + 5)
+    assert ev is not None and ev.gpu_index is None and ev.pci_bus_id
+    out = d.on_event(as_attributed(ev)) + d.flush()
+    fell = [f for f in out if f.pattern == "gpu-fallen-off-bus"]
+    assert fell and {(f.gpu_index, f.gpu_uuid) for f in fell} == {(0, "GPU-44")}
+    # a bus this detector has no sample of stays a bus-only finding (no index is guessed)
+    other = parse_kernel_log_line("NVRM: Xid (PCI:0000:c4:00): 79, GPU has fallen off the bus", NODE, T0 + 6)
+    assert other is not None
+    out = d.on_event(as_attributed(other)) + d.flush()
+    assert {
+        f.gpu_index for f in out if f.pattern == "gpu-fallen-off-bus" and f.pci_bus_id and "c4" in f.pci_bus_id
+    } == {None}
+
+
+def test_after_a_restart_without_state_the_bus_is_known_from_the_adopted_failure() -> None:
+    """The chaos bench's case: detector and collector restart together; the collector re-reads the
+    kernel log (no saved position) and sends the XID by bus only, before any sample reaches the new
+    detector. The failure it adopted from ``failures`` names the bus and index: the same failure."""
+    from gpuwarden.detector.lanes import as_attributed
+    from gpuwarden.shared.nvidia.kernel_log import parse_kernel_log_line
+
+    line = "NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus"
+    first = Detector(CATALOG)
+    first.on_sample(sample(0, pci_bus_id="0000:44:00.0", uuid="GPU-44"))
+    ev = parse_kernel_log_line(line, NODE, T0 + 5)
+    assert ev is not None
+    opened = [f for f in first.on_event(as_attributed(ev)) + first.flush() if f.pattern == "gpu-fallen-off-bus"]
+    assert opened and opened[-1].gpu_index == 0
+    again = Detector(CATALOG)  # no state file: it adopts what it published
+    assert again.adopt(opened[-1])
+    replay = parse_kernel_log_line(line, NODE, T0 + 5)
+    assert replay is not None and replay.gpu_index is None
+    out = [f for f in again.on_event(as_attributed(replay)) + again.flush() if f.pattern == "gpu-fallen-off-bus"]
+    assert {f.failure_id for f in out} <= {opened[-1].failure_id}

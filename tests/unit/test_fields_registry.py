@@ -4,11 +4,14 @@ model, the readers and the bridge's export (issue 27, item 1)."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
 import re
 import shutil
 import types
 import typing
+from collections.abc import Iterator
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -346,9 +349,14 @@ def test_a_row_added_to_a_copy_of_fields_csv_reaches_the_csv_and_xml_readers(tmp
     rep = parse_nvidia_smi_xml(xml, reg)
     assert [(g.index, _widget(g)) for g in rep.gpus] == [(0, 37.0), (1, 12.0), (2, None)]
     assert rep.gpus[0].temperature_c == 40.0 and rep.gpus[0].pci_bus_id == "0000:3b:00.0"
+    # the row's bounds hold: 137 % is dropped and named (not the GPU, not the file)
     bad = xml.replace("37 %", "137 %")
-    with pytest.raises(pydantic.ValidationError, match="widget_activity_pct"):
-        parse_nvidia_smi_xml(bad, reg)
+    drops: list[str] = []
+    with _capture_drops(drops):
+        got_bad = parse_nvidia_smi_xml(bad, reg).gpus
+    assert [(g.index, _widget(g)) for g in got_bad] == [(0, None), (1, 12.0), (2, None)]
+    assert got_bad[0].temperature_c == 40.0
+    assert any("widget_activity_pct = 137.0" in d for d in drops), drops
     assert "widget_activity_pct" not in parse_nvidia_smi_xml(xml).gpus[0].model_dump()
 
 
@@ -491,3 +499,20 @@ def test_the_generator_writes_nothing_that_would_not_import(tmp_path: Path, monk
     with pytest.raises(ValueError, match="not written"):
         fieldgen.generate(path=models_py)
     assert models_py.read_text(encoding="utf-8") == original
+
+
+@contextlib.contextmanager
+def _capture_drops(into: list[str]) -> Iterator[None]:
+    """The readers' drop warnings (gpuwarden.shared.nvidia.values), as text."""
+
+    class _H(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            into.append(record.getMessage())
+
+    lg = logging.getLogger("gpuwarden.shared.nvidia.values")
+    h = _H()
+    lg.addHandler(h)
+    try:
+        yield
+    finally:
+        lg.removeHandler(h)

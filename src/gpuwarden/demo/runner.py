@@ -138,6 +138,8 @@ class Pipeline:
         #: called with (short topic, partition, offset, value) of every record :meth:`poll` reads
         #: (the chaos bench's window ledger); None: nothing more than ``self.result``
         self.on_record: Callable[[str, int, int, bytes | None], None] | None = None
+        #: service name -> environment variables added to its own (set before :meth:`start`)
+        self.extra_env: dict[str, dict[str, str]] = {}
 
     # -- environment --------------------------------------------------------------------
     def _env(self, name: str, port: int) -> dict[str, str]:
@@ -174,6 +176,7 @@ class Pipeline:
             "otlp-bridge": {},
         }
         env.update(per.get(name, {}))
+        env.update(self.extra_env.get(name, {}))
         return env
 
     def _spawn(self, name: str, module: str) -> ServiceProc:

@@ -33,9 +33,19 @@ class ReadContext:
     tz: tzinfo
     notes: list[str] = field(default_factory=list)
     rows: int = 0
+    #: field -> readings dropped as out of range (:meth:`drop`)
+    dropped: dict[str, int] = field(default_factory=dict)
 
     def note(self, text: str) -> None:
         self.notes.append(f"{self.file}: {text}")
+
+    def drop(self, field_name: str, message: str) -> None:
+        """A reading the model cannot hold was dropped (:mod:`gpuwarden.shared.nvidia.values`):
+        noted the first time per field (``message`` names file, line and value), counted after."""
+        n = self.dropped.get(field_name, 0)
+        self.dropped[field_name] = n + 1
+        if n == 0:
+            self.notes.append(f"{message}: dropped (not reported), and any later {field_name} reading out of range")
 
 
 def pci_key(text: str | None) -> str | None:

@@ -83,8 +83,9 @@ def read_smi_csv_log(
 
     Raises:
         ValueError: no header and no ``columns``; no timestamp column; a malformed line (wrong
-            column count, text in a numeric field, value out of range) anywhere but the last
-            line, which is skipped with a note (a killed logger's truncated write).
+            column count, text in a numeric field) anywhere but the last line, which is skipped
+            with a note (a killed logger's truncated write). A value out of its field's range (a
+            driver's sentinel) is dropped with a note (:meth:`ReadContext.drop`), not the file.
     """
     reader = csv.reader(lines, skipinitialspace=True)
     header_cells: list[str] | None = None
@@ -140,7 +141,8 @@ def read_smi_csv_log(
                 if got is None:
                     raise ValueError(f"{where}: {names[ci]} = {x!r} is not a {kind}")
                 if b is not None and not (b[0] <= got <= b[1]):
-                    raise ValueError(f"{where}: {names[ci]} = {got} is out of range [{b[0]:g}, {b[1]:g}]")
+                    ctx.drop(fname, f"{where}: {names[ci]} = {got} is out of range [{b[0]:g}, {b[1]:g}]")
+                    continue
                 out[fname] = got
                 break
         if drv_i is not None and vals[drv_i] is not None:

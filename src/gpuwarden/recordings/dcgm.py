@@ -66,7 +66,7 @@ def read_dcgm_scrapes(
                 groups.setdefault(t, []).append(s)
             for t, grp in sorted(groups.items()):
                 ctx.rows += len(grp)
-                for key, r in gpu_records(grp, name).items():
+                for key, r in gpu_records(grp, name, on_drop=ctx.drop).items():
                     if key not in index_of:
                         index_of[key] = key[1] if key[1] is not None else len(index_of)
                     idx = index_of[key]

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from gpuwarden.shared.fields import by_field, dmon_columns
-from gpuwarden.shared.nvidia.values import check_value
+from gpuwarden.shared.nvidia.values import kept
 
 from ._core import ReadContext, Reading
 
@@ -84,8 +84,8 @@ def read_dmon(text: str, ctx: ReadContext) -> Iterator[Reading]:
             except ValueError as exc:
                 raise ValueError(f"{where}: {col} = {raw!r} is not a number") from exc
             v: float | int = int(x) if fname in _INT_FIELDS else x
-            check_value(fname, v, where)
-            vals[fname] = v
+            if kept(fname, v, where, ctx.drop) is not None:
+                vals[fname] = v
         yield ts, gpu, vals
     if relative:
         ctx.note("dmon without -o DT: no timestamps; sample k placed at k s from 0 (assumes dmon -d 1)")

@@ -9,6 +9,8 @@ nodes through one :class:`~gpuwarden.sim.nvml.FakeNvml` per node and the real
 
 from __future__ import annotations
 
+import logging
+import math
 import random
 from typing import Any
 
@@ -21,6 +23,8 @@ from gpuwarden.shared.scenario import Scenario, ScenarioClock, load_scenario
 
 from .kernel_log import KernelLogGenerator
 from .nvml import FakeNvml
+
+log = logging.getLogger(__name__)
 
 __all__ = ["SIM_NVLINK_EVERY", "SimulatedSource", "logger_gaps", "simulated_source"]
 
@@ -66,9 +70,16 @@ class SimulatedSource:
         nodes: list[str] | None = None,
         collector_id: str | None = None,
         nvlink_every: int = SIM_NVLINK_EVERY,
+        resume: bool = False,
     ) -> None:
         """``nvlink_every``: NVLink state and counters are read every this many ticks
-        (:class:`~gpuwarden.collector.sources.NvmlSource`); raises ValueError if < 1."""
+        (:class:`~gpuwarden.collector.sources.NvmlSource`); raises ValueError if < 1.
+
+        ``resume``: a collector (re)started while the scenario runs takes its first sample at the
+        scenario's current tick on ``clock`` (as a real collector samples "now": the ticks while it
+        was down are never taken), not at second 0 (a burst replaying every tick so far). The
+        kernel log is still read from its start, as a collector without a saved ``/dev/kmsg``
+        position reads the ring buffer: events repeat with their own ids (consumers dedupe)."""
         self.scenario = scenario
         self.clock = clock
         all_nodes = scenario.cluster.node_names()
@@ -78,6 +89,11 @@ class SimulatedSource:
                 raise ValueError(f"nodes not in scenario {scenario.name!r}: {unknown}")
         self.nodes = [n for n in all_nodes if nodes is None or n in set(nodes)]
         self.t = 0.0
+        if resume:
+            now = clock.scenario_s()
+            if now > 0:
+                self.t = min(math.ceil(now / scenario.tick_s) * scenario.tick_s, scenario.duration_s + scenario.tick_s)
+                log.info("simulated source resumes at scenario second %.0f (not taken while down: before it)", self.t)
         self._prev = -1.0
         cid = collector_id or default_collector_id()
         self.fakes = {n: FakeNvml(scenario, clock, n) for n in self.nodes}
@@ -156,5 +172,7 @@ def simulated_source(settings: CollectorSettings) -> SimulatedSource:
     """
     assert settings.collector_scenario is not None  # checked by the settings validator
     scenario = load_scenario(settings.collector_scenario)
-    kw = {"nvlink_every": settings.collector_nvlink_every} if settings.collector_nvlink_every else {}
-    return SimulatedSource.for_hostlist(scenario, ScenarioClock.from_env(), settings.collector_nodes, **kw)
+    kw: dict[str, Any] = {"nvlink_every": settings.collector_nvlink_every} if settings.collector_nvlink_every else {}
+    return SimulatedSource.for_hostlist(
+        scenario, ScenarioClock.from_env(), settings.collector_nodes, resume=settings.collector_sim_resume, **kw
+    )

@@ -267,7 +267,7 @@ class GpuSample(Model):
     pcie_link_width_max: int | None = Field(None, ge=0, description="Maximum PCIe link width, lanes")
     pcie_tx_kbps: float | None = Field(None, ge=0, description="PCIe transmit throughput, KB/s")
     pcie_rx_kbps: float | None = Field(None, ge=0, description="PCIe receive throughput, KB/s")
-    fan_speed_pct: float | None = Field(None, ge=0, le=100, description="Fan speed, % of maximum")
+    fan_speed_pct: float | None = Field(None, ge=0, description="Fan speed, % of maximum (NVML: may exceed 100)")
     nvlinks: list[dict[str, JsonScalar]] | None = Field(
         None,
         max_length=MAX_NVLINKS_PER_GPU,

@@ -31,8 +31,13 @@ pattern, node and GPU), ``duplicate drains`` (more than one executed drain of a 
 ``leaked`` (hostile records injected / dead-lettered exactly once, by their topic's edge service
 (``TopicSpec.edge``) / dead-lettered by nobody: some reader took them as valid), ``windows lost``
 (job windows the valid samples on ``gpu.samples`` closed in event time that ``job.windows`` never
-carried, :mod:`gpuwarden.sim.bench.windowledger`; readings missing from those that came fail the
-run too).
+carried, :mod:`gpuwarden.sim.bench.windowledger`), ``readings lost`` (readings missing from the
+windows that came), ``samples lost before Kafka`` (ticks of a node with no sample on ``gpu.samples``
+while its collector was up: taken, never delivered; the window ledger cannot see them), ``drains beyond the breaker``
+(executed drains over the circuit breaker's bound), ``false positives`` (failures
+no injected fault explains, by the scenario's scoring rules). Every count but ``injected``/``found``/
+``fuzzed``/``hostile`` must be 0 (``found`` = ``injected``, ``dead-lettered`` = ``fuzzed``,
+``stopped at the edge`` = ``hostile``), else the exit code is 1.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ import yaml
 from gpuwarden.demo.runner import Pipeline, ServiceProc, spawn_service, wait_healthy
 from gpuwarden.shared.models import NodeState, RemediationDecision
 from gpuwarden.shared.scenario import load_scenario
+from gpuwarden.sim.collector import logger_gaps
 from gpuwarden.sim.kafka_cluster import KRaftCluster
 
 from .windowledger import WindowLedger
@@ -114,6 +120,12 @@ class ChaosFigures:
     #: (:mod:`gpuwarden.sim.bench.windowledger`), and readings missing from those that came
     windows_lost: int = 0
     readings_lost: int = 0
+    #: ticks of a node with no sample on gpu.samples while the collector was up
+    #: (:meth:`~gpuwarden.sim.bench.windowledger.WindowLedger.missing_ticks`): samples the collector
+    #: took and lost before Kafka (a full outage buffer, a send that failed for good...)
+    samples_lost_before_kafka: int = 0
+    #: failures no injected fault explains (the scenario's scoring rules: a healthy node's finding)
+    false_positives: int = 0
     notes: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -125,9 +137,14 @@ def chaos_line(f: ChaosFigures) -> str:
         f"duplicate drains {f.duplicate_drains}, foreign reasons overwritten {f.foreign_overwritten}, "
         f"fuzzed {f.fuzzed}, dead-lettered {f.dead_lettered}, crashes {f.crashes}, "
         f"hostile {f.hostile}, stopped at the edge {f.stopped_at_edge}, leaked {f.leaked}, "
-        f"windows lost {f.windows_lost}"
+        f"windows lost {f.windows_lost}, readings lost {f.readings_lost}, "
+        f"samples lost before Kafka {f.samples_lost_before_kafka}, drains beyond the breaker {f.over_breaker}, "
+        f"false positives {f.false_positives}"
     )
 
+
+#: The chaos fleet's sample interval, scenario s (one NodeSample per node per tick).
+TICK_S = 1.0
 
 #: Nodes of the remediator fault check's 20 that may be down at once (max drain fraction 0.1).
 BREAKER_DOWN = 2
@@ -152,6 +169,11 @@ def chaos_failed(f: ChaosFigures) -> list[str]:
         ),
         (f.windows_lost, f"{f.windows_lost} job windows lost (their samples are on gpu.samples)"),
         (f.readings_lost, f"{f.readings_lost} readings missing from the job windows that came"),
+        (f.false_positives, f"{f.false_positives} false positives (failures no injected fault explains)"),
+        (
+            f.samples_lost_before_kafka,
+            f"{f.samples_lost_before_kafka} samples lost before Kafka (ticks with no sample)",
+        ),
     ]
     return [why for bad, why in checks if bad]
 
@@ -172,7 +194,7 @@ def chaos_scenario(fault_s: list[float], duration_s: float, nodes: int = 8) -> d
         "description": "XID 79s while brokers and services are killed, stopped and fed garbage",
         "seed": 13,
         "duration_s": duration_s,
-        "tick_s": 1,
+        "tick_s": TICK_S,
         "cluster": {"nodes": nodes, "gpus_per_node": 8, "gpu_model": "H100-SXM5-80GB", "price_usd_per_gpu_hour": 3.0},
         "jobs": [
             {
@@ -213,6 +235,9 @@ class _Chaos:
         # the window the pipeline's correlator uses: its settings from the same environment
         cs = CorrelatorSettings()
         self.ledger = WindowLedger(cs.correlator_window_s, cs.correlator_window_grace_s)
+        self.tick_s = TICK_S
+        #: wall-clock (from, to) of each time the bench took the collector down (kill, restart, healthy)
+        self.collector_down: list[tuple[float, float]] = []
         self.t0 = time.monotonic()
 
     def say(self, msg: str) -> None:
@@ -221,13 +246,20 @@ class _Chaos:
     # -- services -----------------------------------------------------------------------
     def _restart(self, sp: ServiceProc) -> None:
         assert self.pl is not None
-        # the Pipeline's own environment for this service (same port, prefix, scenario clock)
-        new = spawn_service(sp.name, sp.module, self.pl._env(sp.name, sp.port), sp.log, sp.port)
+        # the Pipeline's own environment for this service (same port, prefix, scenario clock); a
+        # restarted collector samples from the scenario's current second on, as a real one samples
+        # "now" (not a replay from second 0 that would hide what its death lost)
+        env = self.pl._env(sp.name, sp.port)
+        if sp.name == "collector":
+            env["GPUWARDEN_COLLECTOR_SIM_RESUME"] = "true"
+        new = spawn_service(sp.name, sp.module, env, sp.log, sp.port)
         sp.proc = new.proc
 
     async def _hit(self, sp: ServiceProc, sig: int) -> None:
         assert sp.proc is not None
         self.expected_exits.add(sp.proc.pid)
+        # a kill -9 may lose what the collector had in flight (up to one tick); a SIGTERM nothing
+        down = time.time() - (self.tick_s / self.speed if sig == signal.SIGKILL else 0.0)
         with contextlib.suppress(ProcessLookupError):
             sp.proc.send_signal(sig)
         try:
@@ -236,6 +268,9 @@ class _Chaos:
             sp.proc.kill()
             await asyncio.to_thread(sp.proc.wait, 10)
         self._restart(sp)
+        if sp.name == "collector":  # the ticks it did not take while down are not samples lost
+            await wait_healthy([sp], 180)
+            self.collector_down.append((down, time.time() + self.tick_s / self.speed))
 
     async def hit_services(self, sig: int) -> None:
         assert self.pl is not None
@@ -477,6 +512,9 @@ class _Chaos:
                       partitions=2, workdir=self.workdir / "run")  # fmt: skip
         self.pl = pl
         pl.on_record = self.ledger.observe  # every record the pipeline's reader sees
+        # the detector as the shipped deploy files run it: its state survives a kill (GPU identities,
+        # open episodes), a restart without it adopts its open failures from `failures`
+        pl.extra_env["detector"] = {"GPUWARDEN_DETECTOR_STATE_FILE": str(self.workdir / "detector-state.json")}
         # an admin's drain of the node whose fault comes last: gpuwarden must leave it as it is
         foreign_node = scenario.faults[-1].node
         (pl.workdir).mkdir(parents=True, exist_ok=True)
@@ -552,6 +590,9 @@ class _Chaos:
         self.fig.lost = len(sc["missed"])
         for m in sc["missed"]:
             self.fig.notes.append(f"lost: {m}")
+        self.fig.false_positives = len(sc["false_positives"])
+        for fp in sc["false_positives"][:5]:
+            self.fig.notes.append(f"false positive: {fp}")
         expected = {e.pattern for e in res.scenario.expect}
         keys = Counter((f.pattern, f.node, f.gpu_index) for f in fails if f.pattern in expected)
         self.fig.duplicate_failures = sum(n - 1 for n in keys.values())
@@ -579,6 +620,17 @@ class _Chaos:
         self.fig.timings["readings missing from the windows that came"] = loss.readings_lost
         if loss.examples:
             self.fig.notes.append(f"job windows lost (node, GPU, start): {loss.examples}")
+        r0, w0 = res.sim_start, res.wall_start
+        down = [(r0 + (a - w0) * self.speed, r0 + (b - w0) * self.speed) for a, b in self.collector_down]
+        # the simulated collector skips some ticks of some nodes on purpose (a busy logger, as real
+        # recordings show): those were never taken either
+        scn = res.scenario
+        skipped = {
+            n: [(r0 + a, r0 + b) for a, b in logger_gaps(scn.seed, n, scn.duration_s)] for n in scn.cluster.node_names()
+        }
+        self.fig.samples_lost_before_kafka, gaps = self.ledger.missing_ticks(self.tick_s, injected, down, skipped)
+        if gaps:
+            self.fig.notes.append(f"ticks with no sample on gpu.samples (node, event time): {gaps}")
         self.fig.timings["failures seen"] = len(fails)
         self.fig.timings["drains executed"] = sum(executed.values())
 
@@ -636,8 +688,12 @@ def chaos(
     """Kill brokers and services, stop the cluster, feed garbage and forged records to a
     real 3-broker Kafka cluster under the whole pipeline; count what was lost.
 
-    Ends with one line: ``chaos: injected N, found N, lost 0, ...``. Exit code 1 when anything
-    was lost, duplicated, overwritten, not dead-lettered, or a service crashed.
+    Ends with one line: ``chaos: injected N, found N, lost 0, ..., windows lost 0, readings
+    lost 0, samples lost before Kafka 0, drains beyond the breaker 0, false positives 0``.
+    Exit code 1 when a fault was not found or found twice, a failure no fault explains, a node
+    drained twice or beyond the circuit breaker, a foreign drain reason overwritten, a fuzz or
+    hostile record not dead-lettered once by its edge, a service crashed, a job window or
+    reading lost, or a sample lost before Kafka; 0 otherwise.
     """
     wd = workdir or Path(tempfile.mkdtemp(prefix="gpuwarden-chaos-"))
     wd.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
@@ -115,3 +115,43 @@ class WindowLedger:
             elif got < len(times):
                 out.readings_lost += len(times) - got
         return out
+
+    def missing_ticks(
+        self,
+        tick_s: float,
+        exclude: Collection[tuple[int, int]] = (),
+        excused: Collection[tuple[float, float]] = (),
+        node_excused: Mapping[str, Collection[tuple[float, float]]] | None = None,
+    ) -> tuple[int, list[tuple[str, float]]]:
+        """Samples lost before Kafka: the ticks of each node (every ``tick_s`` s of event time
+        from its first valid sample on ``gpu.samples`` to its last) that have no sample there,
+        leaving out the samples at ``exclude`` and the ticks inside an excused event-time
+        interval ``[from, to)``: one of ``excused`` (every node's: the collector was down, and a
+        tick never taken is not a tick lost) or of the node's in ``node_excused`` (ticks its
+        source skipped on purpose, e.g. the simulator's logger gaps).
+
+        Returns (missing ticks, up to 5 examples as (node, event time)).
+        """
+        skip = set(exclude)
+        by_node: dict[str, set[float]] = defaultdict(set)
+        for at, (node, ts) in self._sample_at.items():
+            if at not in skip:
+                by_node[node].add(ts)
+        missing = 0
+        examples: list[tuple[str, float]] = []
+        for node in sorted(by_node):
+            times = sorted(by_node[node])
+            first = times[0]
+            have = {round((t - first) / tick_s) for t in times}
+            for k in range(round((times[-1] - first) / tick_s) + 1):
+                if k in have:
+                    continue
+                ts = first + k * tick_s
+                if any(lo <= ts < hi for lo, hi in excused) or any(
+                    lo <= ts < hi for lo, hi in (node_excused or {}).get(node, ())
+                ):
+                    continue
+                missing += 1
+                if len(examples) < 5:
+                    examples.append((node, ts))
+        return missing, examples

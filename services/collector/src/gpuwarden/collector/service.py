@@ -158,6 +158,15 @@ class CollectorService(Service):
             ["topic"],
             registry=r,
         )
+        self.m_readings_dropped = Counter(
+            "gpuwarden_collector_readings_dropped",
+            "Readings the sample model refused (out of range, a driver's sentinel) and left out, by field; "
+            "the GPU's other readings were sent",
+            ["field"],
+            registry=r,
+        )
+        #: field -> readings dropped already counted in m_readings_dropped
+        self._dropped_seen: dict[str, int] = {}
         self.m_buffered = Gauge("gpuwarden_collector_buffered", "Messages waiting in the outage buffer", registry=r)
         self.m_delivery_failures = Counter(
             "gpuwarden_collector_delivery_failures",
@@ -248,6 +257,12 @@ class CollectorService(Service):
         failed deliveries in ``gpuwarden_collector_delivery_failures_total{topic}``).
         """
         samples = await self._measured("collect", self.source.collect)
+        dropped = getattr(self.source, "dropped", None)
+        if dropped is not None:  # a DroppedReadings: readings the model refused, per field
+            for name, n in dropped.counts.items():
+                if n > self._dropped_seen.get(name, 0):
+                    self.m_readings_dropped.labels(name).inc(n - self._dropped_seen.get(name, 0))
+                    self._dropped_seen[name] = n
         events = await self._measured("events", self.source.events)
         for s in samples:
             await self.outbox.submit("gpu.samples", s.node, s)

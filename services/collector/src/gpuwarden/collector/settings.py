@@ -61,6 +61,11 @@ class CollectorSettings(ServiceSettings):
     collector_nvml_events: bool = Field(
         True, description="nvml: also watch NVML XID/ECC events (deduplicated against the kernel log)"
     )
+    collector_sim_resume: bool = Field(
+        False,
+        description="simulated: start at the scenario's current second (a restarted collector: the ticks while "
+        "it was down are not taken), not at second 0 (a replay of every tick so far)",
+    )
     collector_nvlink_every: int | None = Field(
         None,
         ge=1,

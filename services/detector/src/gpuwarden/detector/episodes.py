@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gpuwarden.shared.models import (
+    MAX_GPUS_PER_NODE,
     AttributedEvent,
     EventKind,
     Evidence,
@@ -41,10 +42,16 @@ def _gpu_key(ev: GpuEvent) -> int | str | None:
     if ev.gpu_index is not None:
         return ev.gpu_index
     if ev.pci_bus_id:
-        bus = ev.pci_bus_id.lower()
-        bus = bus.split(":", 1)[1] if bus.count(":") == 2 else bus
-        return bus.removesuffix(".0")
+        return _bus_key(ev.pci_bus_id)
     return None
+
+
+def _bus_key(pci_bus_id: str) -> str:
+    """A PCI bus id without its domain and function 0, lower-case (``0000:18:00.0``,
+    ``00000000:18:00.0`` and ``18:00`` are one GPU)."""
+    bus = pci_bus_id.lower()
+    bus = bus.split(":", 1)[1] if bus.count(":") == 2 else bus
+    return bus.removesuffix(".0")
 
 
 @dataclass
@@ -94,7 +101,36 @@ class EventEpisodes:
         self.episodes = {}
         self._app_xids = {}
 
+    def _index_by_bus(self, msg: AttributedEvent) -> AttributedEvent:
+        """The event with the GPU index (and UUID) of its PCI bus id, as the node's samples gave
+        them, when the event names the bus only. A collector restarted after a GPU fell off the
+        bus cannot enumerate that GPU any more and reads the XID from the kernel log by bus id
+        alone; this detector still knows which index the bus was (from the samples, else from an
+        open episode of that bus, e.g. one adopted from ``failures`` after a restart)."""
+        ev = msg.event
+        if ev.gpu_index is not None or not ev.pci_bus_id:
+            return msg
+        bus = _bus_key(ev.pci_bus_id)
+        found: tuple[int, str | None] | None = None
+        for index in range(MAX_GPUS_PER_NODE):  # the node's GPUs: at most 64 lookups, not a scan of all
+            info = self._gpus.get((ev.node, index))
+            if info is not None and info.pci_bus_id and _bus_key(info.pci_bus_id) == bus:
+                found = (index, info.uuid)
+                break
+        if found is None:  # no sample of the bus yet (a restart without state): an open episode of it
+            for ep in self.episodes.values():
+                first = ep.first
+                same_node = first.node == ev.node and first.gpu_index is not None
+                if same_node and first.pci_bus_id and _bus_key(first.pci_bus_id) == bus:
+                    found = (first.gpu_index, first.gpu_uuid)  # type: ignore[assignment]
+                    break
+        if found is None:
+            return msg
+        event = ev.model_copy(update={"gpu_index": found[0], "gpu_uuid": ev.gpu_uuid or found[1]})
+        return msg.model_copy(update={"event": event})
+
     def _on_event(self, msg: AttributedEvent) -> list[Failure]:
+        msg = self._index_by_bus(msg)
         ev = msg.event
         rule = self.catalog.for_event(ev.kind.value, ev.code, ev.fatal, ev.message or ev.raw)
         if rule is None:

@@ -272,8 +272,10 @@ class Consumer:
             if not batches:
                 if self.on_caught_up is not None and c.assignment():
                     await self.on_caught_up()
-                if self._handled and self.checkpoint is not None:
-                    # records held by the caller are released without new input: commit them too
+                if self._handled and (self.checkpoint is not None or self.before_commit is not None):
+                    # records held by the caller are released without new input, or a commit the
+                    # caller deferred (the detector's state write was not due) is due now: commit
+                    # them too (else a quiet stream's last records stay uncommitted, lag > 0)
                     try:
                         await self._commit(c)
                     except (DeliveryError, KafkaError) as exc:

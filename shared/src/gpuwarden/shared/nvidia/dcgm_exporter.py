@@ -17,7 +17,7 @@ from gpuwarden.shared.models import EventKind, GpuEvent, stable_id
 from gpuwarden.shared.nvidia.nvml import THROTTLE_BITS
 from gpuwarden.shared.nvidia.pci import normalize_pci_bus_id
 
-from .values import check_value
+from .values import OnDrop, kept
 
 __all__ = [
     "DCGM_1X_NAMES",
@@ -163,7 +163,10 @@ def _types(fields: tuple[FieldSpec, ...]) -> dict[str, str]:
 
 
 def gpu_records(
-    series: Sequence[DcgmSeries], where: str = "scrape", fields: tuple[FieldSpec, ...] | None = None
+    series: Sequence[DcgmSeries],
+    where: str = "scrape",
+    fields: tuple[FieldSpec, ...] | None = None,
+    on_drop: OnDrop | None = None,
 ) -> dict[tuple[str, int | None], dict[str, Any]]:
     """Per-GPU mapped values of one scrape: key (GPU identity, index label) -> GpuSample fields.
 
@@ -177,8 +180,8 @@ def gpu_records(
     (:func:`gpuwarden.shared.fields.load_fields`) when given; an ``int``/``bool`` row's value is
     converted to that type.
 
-    Raises:
-        ValueError: a value out of the model's range.
+    A value out of its field's range (a sentinel) is left out and named through ``on_drop``
+    (default: a rate-limited warning, :func:`~gpuwarden.shared.nvidia.values.kept`).
     """
     dmap, types = (DCGM_FIELDS, _TYPES) if fields is None else (dcgm_read_map(fields), _types(fields))
     recs: dict[tuple[str, int | None], dict[str, Any]] = {}
@@ -209,8 +212,9 @@ def gpu_records(
                 x = int(x)
             elif types[fname] == "bool":
                 x = bool(x)
-            check_value(fname, x, f"{where}: {s.name}")
-            r[fname] = x
+            x = kept(fname, x, f"{where}: {s.name}", on_drop)  # a sentinel is dropped and named, not the scrape
+            if x is not None:
+                r[fname] = x
         elif s.name in _THROTTLE:
             r["throttle_reasons"] = throttle_names(int(v))
         elif s.name == _GR_ACTIVE:
@@ -223,8 +227,9 @@ def gpu_records(
     for key, r in recs.items():
         gr = r.pop("_gr_active", None)
         if gr is not None and "utilization_gpu_pct" not in r:
-            check_value("utilization_gpu_pct", gr, f"{where}: {_GR_ACTIVE}")
-            r["utilization_gpu_pct"] = gr
+            gr = kept("utilization_gpu_pct", gr, f"{where}: {_GR_ACTIVE}", on_drop)
+            if gr is not None:
+                r["utilization_gpu_pct"] = gr
         if key in fb:
             r["memory_used_mib"] = sum(fb[key].values())
         if key in instances:

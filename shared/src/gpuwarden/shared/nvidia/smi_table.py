@@ -9,7 +9,7 @@ from gpuwarden.shared.models import GpuSample
 from gpuwarden.shared.nvidia.pci import normalize_pci_bus_id
 from gpuwarden.shared.nvidia.tokens import is_na
 
-from .values import check_value
+from .values import gpu_sample, kept
 
 __all__ = ["SmiTable", "parse_nvidia_smi_table", "parse_nvidia_smi_table_report"]
 
@@ -126,7 +126,7 @@ def parse_nvidia_smi_table(text: str) -> list[SmiTable]:
                     if len(c3) > 2 and c3[2].strip() in ("Enabled", "Disabled"):
                         g["mig_mode"] = c3[2].strip() == "Enabled"
                 for k, v in g.items():
-                    check_value(k, v, f"nvidia-smi table line {i + 1}")
+                    g[k] = kept(k, v, f"nvidia-smi table line {i + 1}")
                 gpus[idx] = g
                 i += 2
                 continue
@@ -139,7 +139,10 @@ def parse_nvidia_smi_table(text: str) -> list[SmiTable]:
                 g2.setdefault("processes", []).append(proc)
         i += 1
     for t, gs in zip(tables, raw, strict=True):
-        t.gpus = [GpuSample(**{k: v for k, v in g.items() if v is not None}) for g in gs.values()]
+        t.gpus = [
+            gpu_sample({k: v for k, v in g.items() if v is not None}, f"nvidia-smi table at {t.timestamp or 'start'}")
+            for g in gs.values()
+        ]
     if not tables:
         raise ValueError("not nvidia-smi table output: no 'NVIDIA-SMI ... Driver Version' banner")
     return tables

@@ -28,6 +28,7 @@ from gpuwarden.shared.fields import FIELDS, FieldSpec, SmiKind, smi_query_fields
 from gpuwarden.shared.models import GpuSample
 from gpuwarden.shared.nvidia.pci import normalize_pci_bus_id
 from gpuwarden.shared.nvidia.tokens import NA_TOKENS
+from gpuwarden.shared.nvidia.values import gpu_sample
 
 from .smi_xml import MigDevice, SmiReport
 
@@ -270,61 +271,64 @@ def _gpu_q(g: _Node, order: int) -> tuple[GpuSample, list[MigDevice]]:
     link = "PCI/GPU Link Info"
     mig_mode = _yes(g.val("MIG Mode/Current"))
     return (
-        GpuSample(
-            index=minor if minor is not None else order,
-            uuid=_clean(g.val("GPU UUID")),
-            pci_bus_id=normalize_pci_bus_id(pci_raw) if pci_raw else None,
-            name=_clean(g.val("Product Name")),
-            serial=_clean(g.val("Serial Number")),
-            vbios_version=_clean(g.val("VBIOS Version")),
-            utilization_gpu_pct=_numv(g.val("Utilization/Gpu")),
-            utilization_memory_pct=_numv(g.val("Utilization/Memory")),
-            memory_used_mib=_numv(g.val("FB Memory Usage/Used")),
-            memory_total_mib=_numv(g.val("FB Memory Usage/Total")),
-            memory_free_mib=_numv(g.val("FB Memory Usage/Free")),
-            memory_reserved_mib=_numv(g.val("FB Memory Usage/Reserved")),
-            temperature_c=_numv(g.val("Temperature/GPU Current Temp")),
-            memory_temperature_c=_numv(g.val("Temperature/Memory Current Temp")),
-            # Only the absolute thresholds; "... T.Limit Temp" values are offsets from T.Limit.
-            temperature_slowdown_c=_numv(g.val("Temperature/GPU Slowdown Temp")),
-            temperature_shutdown_c=_numv(g.val("Temperature/GPU Shutdown Temp")),
-            power_w=_numv(power),
-            power_limit_w=_numv(enforced),
-            power_management_limit_w=_numv(mgmt),
-            sm_clock_mhz=_numv(g.val("Clocks/SM")),
-            graphics_clock_mhz=_numv(g.val("Clocks/Graphics")),
-            memory_clock_mhz=_numv(g.val("Clocks/Memory")),
-            max_sm_clock_mhz=_numv(g.val("Max Clocks/SM")),
-            max_graphics_clock_mhz=_numv(g.val("Max Clocks/Graphics")),
-            max_memory_clock_mhz=_numv(g.val("Max Clocks/Memory")),
-            throttle_reasons=_reasons(g),
-            performance_state=_pstate(g.val("Performance State")),
-            fan_speed_pct=_numv(g.val("Fan Speed")),
-            ecc_sbe_volatile=vol_sbe,
-            ecc_dbe_volatile=vol_dbe,
-            ecc_sbe_aggregate=agg_sbe,
-            ecc_dbe_aggregate=agg_dbe,
-            retired_pages_sbe=_intv(g.val("Retired Pages/Single Bit ECC")),
-            retired_pages_dbe=_intv(g.val("Retired Pages/Double Bit ECC")),
-            retired_pages_pending=_yes(
-                g.first("Retired Pages/Pending Page Blacklist", "Retired Pages/Pending Page Retirement")
+        gpu_sample(
+            dict(
+                index=minor if minor is not None else order,
+                uuid=_clean(g.val("GPU UUID")),
+                pci_bus_id=normalize_pci_bus_id(pci_raw) if pci_raw else None,
+                name=_clean(g.val("Product Name")),
+                serial=_clean(g.val("Serial Number")),
+                vbios_version=_clean(g.val("VBIOS Version")),
+                utilization_gpu_pct=_numv(g.val("Utilization/Gpu")),
+                utilization_memory_pct=_numv(g.val("Utilization/Memory")),
+                memory_used_mib=_numv(g.val("FB Memory Usage/Used")),
+                memory_total_mib=_numv(g.val("FB Memory Usage/Total")),
+                memory_free_mib=_numv(g.val("FB Memory Usage/Free")),
+                memory_reserved_mib=_numv(g.val("FB Memory Usage/Reserved")),
+                temperature_c=_numv(g.val("Temperature/GPU Current Temp")),
+                memory_temperature_c=_numv(g.val("Temperature/Memory Current Temp")),
+                # Only the absolute thresholds; "... T.Limit Temp" values are offsets from T.Limit.
+                temperature_slowdown_c=_numv(g.val("Temperature/GPU Slowdown Temp")),
+                temperature_shutdown_c=_numv(g.val("Temperature/GPU Shutdown Temp")),
+                power_w=_numv(power),
+                power_limit_w=_numv(enforced),
+                power_management_limit_w=_numv(mgmt),
+                sm_clock_mhz=_numv(g.val("Clocks/SM")),
+                graphics_clock_mhz=_numv(g.val("Clocks/Graphics")),
+                memory_clock_mhz=_numv(g.val("Clocks/Memory")),
+                max_sm_clock_mhz=_numv(g.val("Max Clocks/SM")),
+                max_graphics_clock_mhz=_numv(g.val("Max Clocks/Graphics")),
+                max_memory_clock_mhz=_numv(g.val("Max Clocks/Memory")),
+                throttle_reasons=_reasons(g),
+                performance_state=_pstate(g.val("Performance State")),
+                fan_speed_pct=_numv(g.val("Fan Speed")),
+                ecc_sbe_volatile=vol_sbe,
+                ecc_dbe_volatile=vol_dbe,
+                ecc_sbe_aggregate=agg_sbe,
+                ecc_dbe_aggregate=agg_dbe,
+                retired_pages_sbe=_intv(g.val("Retired Pages/Single Bit ECC")),
+                retired_pages_dbe=_intv(g.val("Retired Pages/Double Bit ECC")),
+                retired_pages_pending=_yes(
+                    g.first("Retired Pages/Pending Page Blacklist", "Retired Pages/Pending Page Retirement")
+                ),
+                retired_pages=_sum(
+                    _numv(g.val("Retired Pages/Single Bit ECC")), _numv(g.val("Retired Pages/Double Bit ECC"))
+                ),
+                remapped_rows_correctable=_intv(rr.val("Correctable Error")) if has_rr and rr else None,
+                remapped_rows_uncorrectable=_intv(rr.val("Uncorrectable Error")) if has_rr and rr else None,
+                remapped_rows_pending=_yes(rr.val("Pending")) if has_rr and rr else None,
+                remapped_rows_failure=_yes(rr.val("Remapping Failure Occurred")) if has_rr and rr else None,
+                pcie_replay_count=_intv(g.val("PCI/Replays Since Reset")),
+                pcie_link_gen=_intv(g.val(f"{link}/PCIe Generation/Current")),
+                pcie_link_gen_max=_intv(g.val(f"{link}/PCIe Generation/Max")),
+                pcie_link_width=_intv(g.val(f"{link}/Link Width/Current")),
+                pcie_link_width_max=_intv(g.val(f"{link}/Link Width/Max")),
+                pcie_tx_kbps=_numv(g.val("PCI/Tx Throughput")),
+                pcie_rx_kbps=_numv(g.val("PCI/Rx Throughput")),
+                processes=_processes(g),
+                mig_mode=mig_mode,
             ),
-            retired_pages=_sum(
-                _numv(g.val("Retired Pages/Single Bit ECC")), _numv(g.val("Retired Pages/Double Bit ECC"))
-            ),
-            remapped_rows_correctable=_intv(rr.val("Correctable Error")) if has_rr and rr else None,
-            remapped_rows_uncorrectable=_intv(rr.val("Uncorrectable Error")) if has_rr and rr else None,
-            remapped_rows_pending=_yes(rr.val("Pending")) if has_rr and rr else None,
-            remapped_rows_failure=_yes(rr.val("Remapping Failure Occurred")) if has_rr and rr else None,
-            pcie_replay_count=_intv(g.val("PCI/Replays Since Reset")),
-            pcie_link_gen=_intv(g.val(f"{link}/PCIe Generation/Current")),
-            pcie_link_gen_max=_intv(g.val(f"{link}/PCIe Generation/Max")),
-            pcie_link_width=_intv(g.val(f"{link}/Link Width/Current")),
-            pcie_link_width_max=_intv(g.val(f"{link}/Link Width/Max")),
-            pcie_tx_kbps=_numv(g.val("PCI/Tx Throughput")),
-            pcie_rx_kbps=_numv(g.val("PCI/Rx Throughput")),
-            processes=_processes(g),
-            mig_mode=mig_mode,
+            f"nvidia-smi -q GPU {pci_raw or order}",
         ),
         [],
     )
@@ -619,8 +623,11 @@ def csv_row_to_sample(row: CsvRow, order: int, fields: Sequence[FieldSpec] = FIE
     ``index`` column, else ``order``. ``fields``: another field registry (its ``smi_query``
     columns, the model it generates: :func:`~gpuwarden.shared.fieldgen.gpu_sample_model`).
 
+    A value the model cannot hold (out of range, a sentinel) is dropped and named
+    (:func:`~gpuwarden.shared.nvidia.values.gpu_sample`); the row's other values are kept.
+
     Raises:
-        ValueError: a value out of the model's range (pydantic), or an unreadable PCI bus id.
+        ValueError: an unreadable PCI bus id or GPU index.
     """
     v = row.values
     data: dict[str, Any] = {}
@@ -631,7 +638,8 @@ def csv_row_to_sample(row: CsvRow, order: int, fields: Sequence[FieldSpec] = FIE
                 data[fname] = got
                 break
     idx = v.get("index")
-    return gpu_sample_model(fields)(index=int(idx) if isinstance(idx, float) else order, **data)
+    data["index"] = int(idx) if isinstance(idx, float) else order
+    return gpu_sample(data, f"nvidia-smi CSV row {order + 1}", gpu_sample_model(fields))
 
 
 def parse_nvidia_smi_csv_samples(text: str, fields: Sequence[FieldSpec] = FIELDS) -> list[GpuSample] | SmiError:

@@ -22,6 +22,7 @@ from gpuwarden.shared.fields import FIELDS, FieldSpec, smi_xml_fields
 from gpuwarden.shared.models import GpuSample
 from gpuwarden.shared.nvidia.pci import normalize_pci_bus_id
 from gpuwarden.shared.nvidia.tokens import NA_TOKENS
+from gpuwarden.shared.nvidia.values import gpu_sample
 
 __all__ = [
     "KNOWN_DTD_VERSIONS",
@@ -270,8 +271,7 @@ def _gpu(gpu: ET.Element, order: int, dtd: str | None = None, fields: Sequence[F
     pci_raw = _text(gpu, "pci/pci_bus_id") or gpu.get("id")
     sbe, dbe = _ecc(gpu)
     power, instant, limit = _power(gpu, dtd)
-    return gpu_sample_model(fields)(
-        **data,
+    data.update(
         index=minor if minor is not None else order,
         pci_bus_id=normalize_pci_bus_id(pci_raw) if pci_raw else None,
         power_w=power,
@@ -283,6 +283,8 @@ def _gpu(gpu: ET.Element, order: int, dtd: str | None = None, fields: Sequence[F
         retired_pages=_sum_opt(data.get("retired_pages_sbe"), data.get("retired_pages_dbe")),
         processes=_processes(gpu),
     )
+    # a value the model cannot hold (a driver's sentinel) is dropped and named, not the file
+    return gpu_sample(data, f"nvidia-smi XML <gpu> {order}", gpu_sample_model(fields))
 
 
 _DTD_RE = re.compile(r"nvsmi_device_v(\d+)\.dtd")

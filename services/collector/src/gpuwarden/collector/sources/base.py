@@ -9,12 +9,16 @@ name in :data:`SOURCES` (see :func:`register_source`); kernel-log readers are
 
 from __future__ import annotations
 
+import collections
+import logging
 import os
 import socket
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from gpuwarden.shared.models import GpuEvent, GpuSample, NodeSample
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "SOURCES",
@@ -57,6 +61,20 @@ class Paced(Protocol):
     None once it has nothing more to produce."""
 
     def next_due(self) -> float | None: ...
+
+
+class DroppedReadings:
+    """The ``on_drop`` of a source that builds samples from a driver's values
+    (:func:`gpuwarden.shared.nvidia.values.gpu_sample`): each reading the model refused (out of
+    range, a sentinel) is counted per field in :attr:`counts` (the collector exports them as
+    ``gpuwarden_collector_readings_dropped_total{field}``) and warned about (rate-limited)."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def __call__(self, field_name: str, message: str) -> None:
+        self.counts[field_name] += 1
+        log.warning("%s: dropped (not reported)", message, extra={"rate_limited": True})
 
 
 SOURCES: dict[str, Callable[..., Source]] = {}

@@ -20,8 +20,9 @@ from typing import Any
 
 from gpuwarden.shared.models import GpuEvent, GpuSample, NodeSample
 from gpuwarden.shared.nvidia.kernel_log import KernelLogParser
+from gpuwarden.shared.nvidia.values import gpu_sample
 
-from .base import Clock, LineReader, default_collector_id, resolve_gpu
+from .base import Clock, DroppedReadings, LineReader, default_collector_id, resolve_gpu
 
 __all__ = ["DcgmExporterSource", "http_fetcher"]
 
@@ -95,6 +96,8 @@ class DcgmExporterSource:
         self._klog = KernelLogParser(node, source="kmsg")
         self._last_xid: dict[int, int] = {}
         self._pending: list[GpuEvent] = []
+        #: readings dropped because the model cannot hold them (out of range, a sentinel)
+        self.dropped = DroppedReadings()
 
     async def collect(self) -> list[NodeSample]:
         # the recordings package imports the kernel-log readers of this package: imported here
@@ -106,7 +109,7 @@ class DcgmExporterSource:
             series = parse_scrape(text)
             if not series:
                 raise ValueError("no DCGM_FI_* series: is this dcgm-exporter's /metrics?")
-            recs = gpu_records(series, self.where)
+            recs = gpu_records(series, self.where, on_drop=self.dropped)
             gpus, driver = self._gpus(recs, ts)
         except Exception as exc:
             self.problem = f"{self.where}: {type(exc).__name__}: {exc}"[:300]
@@ -133,7 +136,7 @@ class DcgmExporterSource:
             xid = r.pop("_xid", None)
             driver = r.pop("driver_version", None) or driver
             r.setdefault("throttle_reasons", [])
-            g = GpuSample.model_validate({"index": idx, **r})
+            g = gpu_sample({"index": idx, **r}, f"{self.node}: dcgm-exporter GPU {idx}", on_drop=self.dropped)
             gpus.append(g)
             if xid is not None and self.kernel_log is None:
                 self._xid_fallback(g, int(xid), ts)

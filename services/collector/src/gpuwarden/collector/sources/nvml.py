@@ -47,8 +47,9 @@ from gpuwarden.shared.nvidia.nvml import (
     nvml_str,
 )
 from gpuwarden.shared.nvidia.pci import normalize_pci_bus_id
+from gpuwarden.shared.nvidia.values import gpu_sample
 
-from .base import Clock, LineReader, default_collector_id, resolve_gpu
+from .base import Clock, DroppedReadings, LineReader, default_collector_id, resolve_gpu
 from .dedupe import EventDeduper
 from .nvml_events import NvmlEventWatcher
 
@@ -162,6 +163,8 @@ class NvmlSource:
         self.event_watcher = event_watcher
         self.dedupe = dedupe
         self.call_errors: dict[tuple[str, int | None], int] = {}
+        #: readings dropped because the model cannot hold them (out of range, a sentinel)
+        self.dropped = DroppedReadings()
         """(NVML function, NVML return code) -> count of errors other than NOT_SUPPORTED."""
 
     async def collect(self) -> list[NodeSample]:
@@ -277,14 +280,33 @@ class NvmlSource:
     def parse_lines(self, lines: list[str]) -> list[GpuEvent]:
         """Kernel-log lines -> XID/SXID events with the GPU resolved from the last inventory
         (through one :class:`~gpuwarden.shared.nvidia.kernel_log.KernelLogParser`, so messages split
-        over lines across calls are joined)."""
+        over lines across calls are joined). An XID whose bus no known GPU has goes to the one
+        GPU NVML reports lost whose bus this process never read (:meth:`_lost_gpu_of`)."""
         out = []
         now = self.clock()
         self._klog.boot_ts = getattr(self.kernel_log, "boot_ts", None)
         for line in lines:
             for ev in self._klog.feed(line, now):
-                out.append(resolve_gpu(ev, self.inventory))
+                ev = resolve_gpu(ev, self.inventory)
+                if ev.gpu_index is None and ev.pci_bus_id and ev.kind is EventKind.XID:
+                    ev = self._lost_gpu_of(ev)
+                out.append(ev)
         return out
+
+    def _lost_gpu_of(self, ev: GpuEvent) -> GpuEvent:
+        """``ev`` with the index of the GPU it must be, by elimination: NVML numbers every GPU of
+        the node (a GPU that fell off the bus still has its index, its handle calls fail with
+        ``GPU_IS_LOST``), and each index has one bus. A collector started after the GPU was lost
+        never read that GPU's bus; when exactly one lost index has no known bus and no known GPU
+        has the XID's bus, that index is the XID's GPU (remembered). Otherwise ``ev`` unchanged:
+        nothing is guessed (two GPUs lost, or the bus of an NVSwitch)."""
+        bus = ev.pci_bus_id
+        known = {pci for pci, _ in self._known_pci.values() if pci} | {g.pci_bus_id for g in self.inventory}
+        unread = [i for i in sorted(self._lost) if self._known_pci.get(i, (None, None))[0] is None]
+        if bus is None or bus in known or len(unread) != 1:
+            return ev
+        self._known_pci[unread[0]] = (bus, None)
+        return ev.model_copy(update={"gpu_index": unread[0]})
 
     async def close(self) -> None:
         free = getattr(self.nvml, "nvmlGpmSampleFree", None)
@@ -397,74 +419,87 @@ class NvmlSource:
                     mig_n += 1
         mib = 1024 * 1024
         reserved = getattr(mem, "reserved", None) if mem is not None else None
-        return GpuSample(
-            index=i,
-            uuid=uuid,
-            pci_bus_id=pci_id,
-            name=nvml_str(name) if name is not None else None,
-            serial=nvml_str(serial) if serial is not None else None,
-            vbios_version=nvml_str(vbios) if vbios is not None else None,
-            utilization_gpu_pct=float(util.gpu) if util is not None else None,
-            utilization_memory_pct=float(util.memory) if util is not None else None,
-            memory_used_mib=mem.used / mib if mem is not None else None,
-            memory_total_mib=mem.total / mib if mem is not None else None,
-            memory_free_mib=mem.free / mib if mem is not None else None,
-            memory_reserved_mib=reserved / mib if reserved is not None else None,
-            temperature_c=call("nvmlDeviceGetTemperature", h, NVML_TEMPERATURE_GPU),
-            temperature_slowdown_c=static("nvmlDeviceGetTemperatureThreshold", h, NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
-            temperature_shutdown_c=static("nvmlDeviceGetTemperatureThreshold", h, NVML_TEMPERATURE_THRESHOLD_SHUTDOWN),
-            power_w=power / 1000 if power is not None else None,
-            power_limit_w=limit / 1000 if limit is not None else None,
-            power_management_limit_w=mgmt / 1000 if mgmt is not None else None,
-            sm_clock_mhz=call("nvmlDeviceGetClockInfo", h, NVML_CLOCK_SM),
-            graphics_clock_mhz=call("nvmlDeviceGetClockInfo", h, NVML_CLOCK_GRAPHICS),
-            memory_clock_mhz=call("nvmlDeviceGetClockInfo", h, NVML_CLOCK_MEM),
-            max_sm_clock_mhz=static("nvmlDeviceGetMaxClockInfo", h, NVML_CLOCK_SM),
-            max_graphics_clock_mhz=static("nvmlDeviceGetMaxClockInfo", h, NVML_CLOCK_GRAPHICS),
-            max_memory_clock_mhz=static("nvmlDeviceGetMaxClockInfo", h, NVML_CLOCK_MEM),
-            throttle_reasons=[v for b, v in THROTTLE_BITS.items() if reasons & b] if reasons is not None else [],
-            performance_state=pstate if pstate is not None and 0 <= pstate <= 15 else None,
-            ecc_sbe_volatile=call(
-                "nvmlDeviceGetTotalEccErrors", h, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC
+        # a reading the model cannot hold (a sentinel) is dropped and counted, not the node's sample
+        return gpu_sample(
+            dict(
+                index=i,
+                uuid=uuid,
+                pci_bus_id=pci_id,
+                name=nvml_str(name) if name is not None else None,
+                serial=nvml_str(serial) if serial is not None else None,
+                vbios_version=nvml_str(vbios) if vbios is not None else None,
+                utilization_gpu_pct=float(util.gpu) if util is not None else None,
+                utilization_memory_pct=float(util.memory) if util is not None else None,
+                memory_used_mib=mem.used / mib if mem is not None else None,
+                memory_total_mib=mem.total / mib if mem is not None else None,
+                memory_free_mib=mem.free / mib if mem is not None else None,
+                memory_reserved_mib=reserved / mib if reserved is not None else None,
+                temperature_c=call("nvmlDeviceGetTemperature", h, NVML_TEMPERATURE_GPU),
+                temperature_slowdown_c=static(
+                    "nvmlDeviceGetTemperatureThreshold", h, NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+                ),
+                temperature_shutdown_c=static(
+                    "nvmlDeviceGetTemperatureThreshold", h, NVML_TEMPERATURE_THRESHOLD_SHUTDOWN
+                ),
+                power_w=power / 1000 if power is not None else None,
+                power_limit_w=limit / 1000 if limit is not None else None,
+                power_management_limit_w=mgmt / 1000 if mgmt is not None else None,
+                sm_clock_mhz=call("nvmlDeviceGetClockInfo", h, NVML_CLOCK_SM),
+                graphics_clock_mhz=call("nvmlDeviceGetClockInfo", h, NVML_CLOCK_GRAPHICS),
+                memory_clock_mhz=call("nvmlDeviceGetClockInfo", h, NVML_CLOCK_MEM),
+                max_sm_clock_mhz=static("nvmlDeviceGetMaxClockInfo", h, NVML_CLOCK_SM),
+                max_graphics_clock_mhz=static("nvmlDeviceGetMaxClockInfo", h, NVML_CLOCK_GRAPHICS),
+                max_memory_clock_mhz=static("nvmlDeviceGetMaxClockInfo", h, NVML_CLOCK_MEM),
+                throttle_reasons=[v for b, v in THROTTLE_BITS.items() if reasons & b] if reasons is not None else [],
+                performance_state=pstate if pstate is not None and 0 <= pstate <= 15 else None,
+                ecc_sbe_volatile=call(
+                    "nvmlDeviceGetTotalEccErrors", h, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC
+                ),
+                ecc_dbe_volatile=call(
+                    "nvmlDeviceGetTotalEccErrors", h, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC
+                ),
+                ecc_sbe_aggregate=call(
+                    "nvmlDeviceGetTotalEccErrors", h, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC
+                ),
+                ecc_dbe_aggregate=call(
+                    "nvmlDeviceGetTotalEccErrors", h, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC
+                ),
+                retired_pages_sbe=len(rp_sbe) if rp_sbe is not None else None,
+                retired_pages_dbe=len(rp_dbe) if rp_dbe is not None else None,
+                retired_pages=len(rp_sbe) + len(rp_dbe) if rp_sbe is not None and rp_dbe is not None else None,
+                retired_pages_pending=bool(rp_pending) if rp_pending is not None else None,
+                remapped_rows_correctable=int(rows[0]) if rows is not None else None,
+                remapped_rows_uncorrectable=int(rows[1]) if rows is not None else None,
+                remapped_rows_pending=bool(rows[2]) if rows is not None else None,
+                remapped_rows_failure=bool(rows[3]) if rows is not None else None,
+                pcie_replay_count=call("nvmlDeviceGetPcieReplayCounter", h),
+                pcie_link_gen=call("nvmlDeviceGetCurrPcieLinkGeneration", h),
+                pcie_link_gen_max=static("nvmlDeviceGetMaxPcieLinkGeneration", h),
+                pcie_link_width=call("nvmlDeviceGetCurrPcieLinkWidth", h),
+                pcie_link_width_max=static("nvmlDeviceGetMaxPcieLinkWidth", h),
+                pcie_tx_kbps=float(tx) if tx is not None else None,
+                pcie_rx_kbps=float(rx) if rx is not None else None,
+                fan_speed_pct=float(fan) if fan is not None else None,
+                nvlinks=self._nvlink(i, h, call) if self._read_nvlink else None,
+                processes=[
+                    {"pid": int(p.pid)}
+                    | (
+                        {"used_memory_mib": p.usedGpuMemory / mib}
+                        if getattr(p, "usedGpuMemory", None) is not None
+                        else {}
+                    )
+                    for p in procs
+                ]
+                if procs is not None
+                else None,
+                mig_mode=mig_on,
+                mig_instances=mig_n,
+                energy_j=energy / 1000 if energy is not None else None,
+                sm_occupancy_pct=occupancy,
+                tensor_activity_pct=tensor,
             ),
-            ecc_dbe_volatile=call(
-                "nvmlDeviceGetTotalEccErrors", h, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC
-            ),
-            ecc_sbe_aggregate=call(
-                "nvmlDeviceGetTotalEccErrors", h, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC
-            ),
-            ecc_dbe_aggregate=call(
-                "nvmlDeviceGetTotalEccErrors", h, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC
-            ),
-            retired_pages_sbe=len(rp_sbe) if rp_sbe is not None else None,
-            retired_pages_dbe=len(rp_dbe) if rp_dbe is not None else None,
-            retired_pages=len(rp_sbe) + len(rp_dbe) if rp_sbe is not None and rp_dbe is not None else None,
-            retired_pages_pending=bool(rp_pending) if rp_pending is not None else None,
-            remapped_rows_correctable=int(rows[0]) if rows is not None else None,
-            remapped_rows_uncorrectable=int(rows[1]) if rows is not None else None,
-            remapped_rows_pending=bool(rows[2]) if rows is not None else None,
-            remapped_rows_failure=bool(rows[3]) if rows is not None else None,
-            pcie_replay_count=call("nvmlDeviceGetPcieReplayCounter", h),
-            pcie_link_gen=call("nvmlDeviceGetCurrPcieLinkGeneration", h),
-            pcie_link_gen_max=static("nvmlDeviceGetMaxPcieLinkGeneration", h),
-            pcie_link_width=call("nvmlDeviceGetCurrPcieLinkWidth", h),
-            pcie_link_width_max=static("nvmlDeviceGetMaxPcieLinkWidth", h),
-            pcie_tx_kbps=float(tx) if tx is not None else None,
-            pcie_rx_kbps=float(rx) if rx is not None else None,
-            fan_speed_pct=float(fan) if fan is not None else None,
-            nvlinks=self._nvlink(i, h, call) if self._read_nvlink else None,
-            processes=[
-                {"pid": int(p.pid)}
-                | ({"used_memory_mib": p.usedGpuMemory / mib} if getattr(p, "usedGpuMemory", None) is not None else {})
-                for p in procs
-            ]
-            if procs is not None
-            else None,
-            mig_mode=mig_on,
-            mig_instances=mig_n,
-            energy_j=energy / 1000 if energy is not None else None,
-            sm_occupancy_pct=occupancy,
-            tensor_activity_pct=tensor,
+            f"{self.node}: NVML GPU {i}",
+            on_drop=self.dropped,
         )
 
     def _gpm_metrics(self, i: int, h: Any, call: Callable[..., Any]) -> tuple[float | None, float | None]:
