@@ -46,6 +46,7 @@ def test_a_missing_window_and_a_short_one_are_counted() -> None:
     loss = led.loss()
     assert (loss.expected, loss.lost, loss.readings_lost) == (4, 1, 3)
     assert loss.examples == [("n1", 1, T0 + 10)]
+    assert loss.short == [(("n1", 1, T0), 7, 10, [float(i) for i in range(10)])]  # for the notes
 
 
 def test_injected_records_and_undecodable_ones_imply_no_window() -> None:

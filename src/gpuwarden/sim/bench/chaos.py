@@ -620,6 +620,8 @@ class _Chaos:
         self.fig.timings["readings missing from the windows that came"] = loss.readings_lost
         if loss.examples:
             self.fig.notes.append(f"job windows lost (node, GPU, start): {loss.examples}")
+        for key, got, want, times in loss.short:
+            self.fig.notes.append(f"job window {key} came with {got} of {want} readings (sample times in it: {times})")
         r0, w0 = res.sim_start, res.wall_start
         down = [(r0 + (a - w0) * self.speed, r0 + (b - w0) * self.speed) for a, b in self.collector_down]
         # the simulated collector skips some ticks of some nodes on purpose (a busy logger, as real

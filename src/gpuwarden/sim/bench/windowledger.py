@@ -44,12 +44,15 @@ class WindowLoss:
         readings_lost: readings missing from the windows that did arrive (samples of the
             window's GPU at distinct times minus the window's ``samples``, where positive).
         examples: up to 5 lost window keys, for the notes.
+        short: up to 5 windows that came with readings missing, as (key, readings it carried,
+            readings its samples imply, the missing sample times as offsets in the window, s).
     """
 
     expected: int = 0
     lost: int = 0
     readings_lost: int = 0
     examples: list[WindowKey] = field(default_factory=list)
+    short: list[tuple[WindowKey, int, int, list[float]]] = field(default_factory=list)
 
 
 class WindowLedger:
@@ -114,6 +117,8 @@ class WindowLedger:
                     out.examples.append(key)
             elif got < len(times):
                 out.readings_lost += len(times) - got
+                if len(out.short) < 5:
+                    out.short.append((key, got, len(times), sorted(round(t - start, 3) for t in times)))
         return out
 
     def missing_ticks(
