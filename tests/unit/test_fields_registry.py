@@ -41,12 +41,20 @@ from gpuwarden.shared.fields import (
     by_field,
     dcgm_read_map,
     load_fields,
+    smi_q_fields,
     smi_xml_fields,
 )
 from gpuwarden.shared.models import MAX_GPU_INDEX, AttributedSample, GpuSample, NodeSample
 from gpuwarden.shared.nvidia import dcgm_exporter as collector_dcgm
 from gpuwarden.shared.nvidia.dcgm_exporter import DCGM_FIELDS, gpu_records, parse_dcgm_exporter_scrape, parse_scrape
-from gpuwarden.shared.nvidia.smi_text import CSV_ALIASES, CSV_SAMPLE_FIELDS, parse_nvidia_smi_csv_samples
+from gpuwarden.shared.nvidia.smi_text import (
+    CSV_ALIASES,
+    CSV_SAMPLE_FIELDS,
+    Q_IN_CODE,
+    SmiError,
+    parse_nvidia_smi_csv_samples,
+    parse_nvidia_smi_q,
+)
 from gpuwarden.shared.nvidia.smi_xml import XML_IN_CODE, parse_nvidia_smi_xml
 
 SHIPPED = Path(str(files("gpuwarden.shared").joinpath("fields.csv")))
@@ -219,6 +227,39 @@ def test_the_xml_reader_reads_every_other_scalar_row_from_its_paths() -> None:
             assert getattr(g, f) == want[t], f
 
 
+def test_the_q_text_reader_reads_every_other_scalar_row_from_its_paths() -> None:
+    with_paths = {f for f, _, _ in smi_q_fields()}
+    assert with_paths | Q_IN_CODE >= {f for f, _, _ in smi_xml_fields()}  # -q has what -q -x has
+    # a GPU block whose every registry path holds a value (each path once: the first one read)
+    text = {"float": "12.5 W", "int": "7", "bool": "Yes", "str": "X-1", "pstate": "P2", "pci": "00000000:3B:00.0"}
+    tree: dict[str, Any] = {}
+    for f, paths, kind in smi_q_fields():
+        if f not in Q_IN_CODE:
+            node = tree
+            *heads, leaf = paths[0].split("/")
+            for h in heads:
+                node = node.setdefault(h, {})
+            node[leaf] = text[kind]
+    report = "==============NVSMI LOG==============\n\nDriver Version : 1\n\nGPU 00000000:3B:00.0\n" + _q_lines(tree, 1)
+    got = parse_nvidia_smi_q(report)
+    assert not isinstance(got, SmiError)
+    (g,) = got.gpus
+    want = {"float": 12.5, "int": 7, "bool": True, "str": "X-1", "pstate": 2, "pci": "0000:3b:00.0"}
+    for f, _, kind in smi_q_fields():
+        if f not in Q_IN_CODE:
+            assert getattr(g, f) == want[kind], f
+
+
+def _q_lines(tree: dict[str, Any], depth: int) -> str:
+    out = ""
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out += "    " * depth + f"{k}\n" + _q_lines(v, depth + 1)
+        else:
+            out += "    " * depth + f"{k:<34}: {v}\n"
+    return out
+
+
 def _xml_element(path: str, value: str) -> str:
     head, _, rest = path.partition("/")
     return f"<{head}>{_xml_element(rest, value) if rest else value}</{head}>"
@@ -250,7 +291,8 @@ def test_nvml_column_names_calls_pynvml_has_and_the_nvml_source_makes(row: Field
 #: ``nvidia-smi -q -x`` paths (first present wins), a DCGM field read by the collector (a ratio:
 #: x 100) and an OTel metric of its own. One line, as a contributor writes it.
 WIDGET_ROW = (
-    "widget_activity_pct,float,%,,0,100,,widget.activity,,widget/activity_util;widget/activity,,,"
+    "widget_activity_pct,float,%,,0,100,,widget.activity,,widget/activity_util;widget/activity,"
+    "Utilization/Widget;Widget Activity,,,"
     'DCGM_FI_PROF_WIDGET_ACTIVE,100,read,,gpuwarden.gpu.widget.activity,,"Widget activity, %",test row\n'
 )
 
@@ -314,7 +356,7 @@ def test_a_row_added_to_a_copy_of_fields_csv_reaches_the_model(tmp_path: Path) -
         GpuSample(index=1, widget_activity_pct=42.5)  # type: ignore[call-arg]
 
 
-def test_a_row_added_to_a_copy_of_fields_csv_reaches_the_csv_and_xml_readers(tmp_path: Path) -> None:
+def test_a_row_added_to_a_copy_of_fields_csv_reaches_the_csv_xml_and_q_readers(tmp_path: Path) -> None:
     reg = _with_widget(tmp_path)
     csv_text = (
         "index, name, widget.activity [%], temperature.gpu\n"
@@ -358,6 +400,20 @@ def test_a_row_added_to_a_copy_of_fields_csv_reaches_the_csv_and_xml_readers(tmp
     assert got_bad[0].temperature_c == 40.0
     assert any("widget_activity_pct = 137.0" in d for d in drops), drops
     assert "widget_activity_pct" not in parse_nvidia_smi_xml(xml).gpus[0].model_dump()
+    # the -q text reader: its smi_q paths, the first that reads a value
+    q = (
+        "==============NVSMI LOG==============\n\nDriver Version : 550.54.15\n\n"
+        "GPU 00000000:3B:00.0\n    Minor Number                      : 0\n    Utilization\n"
+        "        Gpu                               : 90 %\n        Widget                            : N/A\n"
+        "    Widget Activity                       : 37 %\n"
+        "GPU 00000000:3C:00.0\n    Minor Number                      : 1\n    Utilization\n"
+        "        Widget                            : 12 %\n"
+    )
+    got_q = parse_nvidia_smi_q(q, reg)
+    assert not isinstance(got_q, SmiError)
+    assert [(g.index, _widget(g), g.utilization_gpu_pct) for g in got_q.gpus] == [(0, 37.0, 90.0), (1, 12.0, None)]
+    plain_q = parse_nvidia_smi_q(q)
+    assert not isinstance(plain_q, SmiError) and "widget_activity_pct" not in plain_q.gpus[0].model_dump()
 
 
 def test_a_row_added_to_a_copy_of_fields_csv_reaches_the_exported_metrics(tmp_path: Path) -> None:
@@ -425,7 +481,8 @@ def test_a_bad_row_is_refused_with_its_line(tmp_path: Path) -> None:
     path = tmp_path / "fields.csv"
     shutil.copy(SHIPPED, path)
     with path.open("a", encoding="utf-8") as fh:
-        fh.write("power_w,float,W,,0,,,,,,,,DCGM_FI_DEV_POWER_USAGE,1,read,,,,again,\n")
+        fh.write(_row(field="power_w", type="float", unit="W", ge=0, dcgm_field="DCGM_FI_DEV_POWER_USAGE",
+                      dcgm_scale=1, dcgm_dir="read", description="again"))  # fmt: skip
     with pytest.raises(ValueError, match=rf"line {len(FIELDS) + 2}: field power_w is also on line"):
         load_fields(path)
     path.write_text(SHIPPED.read_text().replace("energy_j,float,J", "energy_j,float,kWh"))
@@ -449,8 +506,8 @@ def _row(**cells: object) -> str:
         (lambda t: t + _row(field="gizmo_pct", type="float", unit="%", dmon="gz", dmon_scale="nan"), "finite"),
         (lambda t: t + _row(field="gizmo_pct", type="float", smi_query="g", smi_kind="pstate"), "reads an int"),
         (lambda t: t + _row(field="gizmo_pct", type="float", unit="%", description="x" * 95), "at most 90"),
-        (lambda t: t + "gizmo_pct,float,%\n", "3 cells, the header has 20"),
-        (lambda t: t.rstrip("\n") + ",extra\n", "21 cells, the header has 20"),
+        (lambda t: t + "gizmo_pct,float,%\n", "3 cells, the header has 21"),
+        (lambda t: t.rstrip("\n") + ",extra\n", "22 cells, the header has 21"),
         (lambda t: t.replace(",ge,", ",", 1), "the header lacks the column\\(s\\) ge"),
         (lambda t: t.splitlines()[0] + "\n", "no field rows"),
     ],

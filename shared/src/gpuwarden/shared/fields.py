@@ -24,6 +24,9 @@ smi_kind       how the CSV text is read when not by ``type``: ``pstate`` (``P0``
                (normalised bus id)
 smi_xml        ``nvidia-smi -q -x`` paths under ``<gpu>``, tried in order (the XML reader reads a
                scalar row's paths generically; ``smi_xml.XML_IN_CODE`` lists those read in code)
+smi_q          ``nvidia-smi -q`` (text) paths under a ``GPU`` block, the indented keys joined by
+               ``/`` (``FB Memory Usage/Used``), tried in order; the text reader reads them
+               generically by ``type`` / ``smi_kind`` (``smi_text.Q_IN_CODE`` lists those read in code)
 dmon           ``nvidia-smi dmon`` column (:func:`dmon_columns`)
 dmon_scale     factor from dmon's unit to the model's (``rxpci`` MB/s -> KB/s: 1000)
 dcgm_field     the DCGM field (``DCGM_FI_*``); list rows may name several (read by code)
@@ -44,7 +47,7 @@ notes          where the sources differ, what code does (documentation)
 gpuwarden.shared.fieldgen`` rewrites its scalar fields from ``type``, ``str_kind``, ``ge``,
 ``le`` and ``description`` (the list fields are code); a unit test fails when the two differ.
 
-Read by the model's generator, the collector (dcgm-exporter scrapes, ``--query-gpu`` CSV, ``dmon``,
+Read by the model's generator, the collector (dcgm-exporter scrapes, ``--query-gpu`` CSV, ``dmon``, ``-q``,
 ``nvidia-smi -q -x``) and the otlp-bridge (dcgm-exporter naming, ``otel_name`` metrics).
 :func:`load_fields` reads another CSV of the same columns (tests); the readers and the bridge's
 catalog take such a registry as their ``fields`` argument.
@@ -79,6 +82,7 @@ __all__ = [
     "dcgm_write_fields",
     "dmon_columns",
     "load_fields",
+    "smi_q_fields",
     "smi_query_fields",
     "smi_xml_fields",
 ]
@@ -136,6 +140,7 @@ class FieldSpec(BaseModel):
     smi_query: tuple[str, ...] = ()
     smi_kind: Literal["pstate", "pci", ""] = ""
     smi_xml: tuple[str, ...] = ()
+    smi_q: tuple[str, ...] = ()
     dmon: str = ""
     dmon_scale: float | None = None
     dcgm_field: tuple[str, ...] = ()
@@ -147,7 +152,7 @@ class FieldSpec(BaseModel):
     description: str = Field("", max_length=200, pattern=r'^[^"\\\x00-\x1f]*$')
     notes: str = ""
 
-    @field_validator("smi_query", "smi_xml", "dcgm_field", "otel_key", mode="before")
+    @field_validator("smi_query", "smi_xml", "smi_q", "dcgm_field", "otel_key", mode="before")
     @classmethod
     def _split(cls, v: object) -> tuple[str, ...]:
         return _names(v)
@@ -208,8 +213,8 @@ class FieldSpec(BaseModel):
             raise ValueError(f"{self.field}: dcgm_field without a non-zero dcgm_scale")
         if self.dmon and not self.dmon_scale and self.field != KEY_FIELD:
             raise ValueError(f"{self.field}: dmon without a non-zero dmon_scale")
-        if not scalar and (self.smi_query or self.dmon):
-            raise ValueError(f"{self.field}: a list field has no smi_query/dmon column (read by code)")
+        if not scalar and (self.smi_query or self.smi_q or self.dmon):
+            raise ValueError(f"{self.field}: a list field has no smi_query/smi_q/dmon column (read by code)")
         if self.str_kind and self.type != "str":
             raise ValueError(f"{self.field}: str_kind is for a str field")
         if (self.ge or self.le) and self.type not in ("int", "float"):
@@ -344,6 +349,13 @@ def smi_query_fields(fields: Iterable[FieldSpec] = FIELDS) -> tuple[tuple[str, t
     how the value is read), for every row with ``smi_query`` but the GPU key ``index`` (read
     apart by the CSV readers)."""
     return tuple((f.field, f.smi_query, f.smi_value_kind) for f in fields if f.smi_query and f.field != KEY_FIELD)
+
+
+def smi_q_fields(fields: Iterable[FieldSpec] = FIELDS) -> tuple[tuple[str, tuple[str, ...], str], ...]:
+    """(field, ``nvidia-smi -q`` text paths in the order tried, how the value is read: ``smi_kind``,
+    else the field's type) for every scalar row with ``smi_q`` (the text reader reads them
+    generically)."""
+    return tuple((f.field, f.smi_q, f.smi_kind or f.type) for f in fields if f.smi_q and f.type != "list")
 
 
 def smi_xml_fields(fields: Iterable[FieldSpec] = FIELDS) -> tuple[tuple[str, tuple[str, ...], FieldType], ...]:

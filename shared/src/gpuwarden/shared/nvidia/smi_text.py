@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gpuwarden.shared.fieldgen import gpu_sample_model
-from gpuwarden.shared.fields import FIELDS, FieldSpec, SmiKind, smi_query_fields
+from gpuwarden.shared.fields import FIELDS, FieldSpec, SmiKind, smi_q_fields, smi_query_fields
 from gpuwarden.shared.models import GpuSample
 from gpuwarden.shared.nvidia.pci import normalize_pci_bus_id
 from gpuwarden.shared.nvidia.tokens import NA_TOKENS
@@ -249,93 +249,71 @@ def _processes(g: _Node) -> list[dict[str, Any]] | None:
     return out
 
 
-def _gpu_q(g: _Node, order: int) -> tuple[GpuSample, list[MigDevice]]:
+#: GpuSample fields the ``-q`` text reader reads in code (:func:`_gpu_q`); every other scalar row of
+#: the field registry with ``smi_q`` paths is read generically (:func:`_q_readers`)
+Q_IN_CODE = frozenset(
+    {
+        "index",  # Minor Number, else the GPU's order in the report
+        "pci_bus_id",  # the GPU block's own header (GPU 00000000:53:00.0), else PCI/Bus Id
+        "throttle_reasons",  # the Active entries of Clocks Event Reasons / Clocks Throttle Reasons
+        "ecc_sbe_volatile",  # ECC Errors/Volatile: Single Bit/Total, or the SRAM + DRAM sums
+        "ecc_dbe_volatile",
+        "ecc_sbe_aggregate",
+        "ecc_dbe_aggregate",
+        "retired_pages",  # Retired Pages: single + double bit
+        "processes",
+    }
+)
+
+#: how a ``-q`` value is read, by the registry row's ``smi_kind`` or type
+_Q_READ: dict[str, Callable[[str | None], Any]] = {
+    "float": _numv,
+    "int": _intv,
+    "bool": _yes,
+    "str": _clean,
+    "pstate": _pstate,
+    "pci": lambda v: normalize_pci_bus_id(c) if (c := _clean(v)) else None,
+}
+
+
+@functools.cache
+def _q_readers(fields: tuple[FieldSpec, ...]) -> tuple[tuple[str, tuple[str, ...], Callable[[str | None], Any]], ...]:
+    """(field, paths, reader) of each registry row the ``-q`` text is read for generically."""
+    return tuple((f, paths, _Q_READ[kind]) for f, paths, kind in smi_q_fields(fields) if f not in Q_IN_CODE)
+
+
+def _gpu_q(g: _Node, order: int, fields: Sequence[FieldSpec] = FIELDS) -> tuple[GpuSample, list[MigDevice]]:
+    data: dict[str, Any] = {}
+    for name, paths, read in _q_readers(tuple(fields)):
+        for p in paths:  # the first path that reads a value
+            if (v := read(g.val(p))) is not None:
+                data[name] = v
+                break
     pci_raw = g.value or _clean(g.val("PCI/Bus Id"))
     minor = _intv(g.val("Minor Number"))
-    rr = g.get("Remapped Rows")
-    has_rr = rr is not None and bool(rr.children)
     vol_sbe, vol_dbe = _ecc(g.get("ECC Errors/Volatile"))
     agg_sbe, agg_dbe = _ecc(g.get("ECC Errors/Aggregate"))
-    power = g.first(
-        "GPU Power Readings/Average Power Draw",
-        "GPU Power Readings/Power Draw",
-        "GPU Power Readings/Instantaneous Power Draw",
-        "Power Readings/Power Draw",
+    data.update(
+        index=minor if minor is not None else order,
+        pci_bus_id=normalize_pci_bus_id(pci_raw) if pci_raw else None,
+        throttle_reasons=_reasons(g),
+        ecc_sbe_volatile=vol_sbe,
+        ecc_dbe_volatile=vol_dbe,
+        ecc_sbe_aggregate=agg_sbe,
+        ecc_dbe_aggregate=agg_dbe,
+        retired_pages=_sum(_numv(g.val("Retired Pages/Single Bit ECC")), _numv(g.val("Retired Pages/Double Bit ECC"))),
+        processes=_processes(g),
     )
-    enforced = g.first(
-        "GPU Power Readings/Current Power Limit",
-        "Power Readings/Enforced Power Limit",
-        "GPU Power Readings/Enforced Power Limit",
-    )
-    mgmt = g.first("Power Readings/Power Limit", "GPU Power Readings/Current Power Limit")
-    link = "PCI/GPU Link Info"
-    mig_mode = _yes(g.val("MIG Mode/Current"))
-    return (
-        gpu_sample(
-            dict(
-                index=minor if minor is not None else order,
-                uuid=_clean(g.val("GPU UUID")),
-                pci_bus_id=normalize_pci_bus_id(pci_raw) if pci_raw else None,
-                name=_clean(g.val("Product Name")),
-                serial=_clean(g.val("Serial Number")),
-                vbios_version=_clean(g.val("VBIOS Version")),
-                utilization_gpu_pct=_numv(g.val("Utilization/Gpu")),
-                utilization_memory_pct=_numv(g.val("Utilization/Memory")),
-                memory_used_mib=_numv(g.val("FB Memory Usage/Used")),
-                memory_total_mib=_numv(g.val("FB Memory Usage/Total")),
-                memory_free_mib=_numv(g.val("FB Memory Usage/Free")),
-                memory_reserved_mib=_numv(g.val("FB Memory Usage/Reserved")),
-                temperature_c=_numv(g.val("Temperature/GPU Current Temp")),
-                memory_temperature_c=_numv(g.val("Temperature/Memory Current Temp")),
-                # Only the absolute thresholds; "... T.Limit Temp" values are offsets from T.Limit.
-                temperature_slowdown_c=_numv(g.val("Temperature/GPU Slowdown Temp")),
-                temperature_shutdown_c=_numv(g.val("Temperature/GPU Shutdown Temp")),
-                power_w=_numv(power),
-                power_limit_w=_numv(enforced),
-                power_management_limit_w=_numv(mgmt),
-                sm_clock_mhz=_numv(g.val("Clocks/SM")),
-                graphics_clock_mhz=_numv(g.val("Clocks/Graphics")),
-                memory_clock_mhz=_numv(g.val("Clocks/Memory")),
-                max_sm_clock_mhz=_numv(g.val("Max Clocks/SM")),
-                max_graphics_clock_mhz=_numv(g.val("Max Clocks/Graphics")),
-                max_memory_clock_mhz=_numv(g.val("Max Clocks/Memory")),
-                throttle_reasons=_reasons(g),
-                performance_state=_pstate(g.val("Performance State")),
-                fan_speed_pct=_numv(g.val("Fan Speed")),
-                ecc_sbe_volatile=vol_sbe,
-                ecc_dbe_volatile=vol_dbe,
-                ecc_sbe_aggregate=agg_sbe,
-                ecc_dbe_aggregate=agg_dbe,
-                retired_pages_sbe=_intv(g.val("Retired Pages/Single Bit ECC")),
-                retired_pages_dbe=_intv(g.val("Retired Pages/Double Bit ECC")),
-                retired_pages_pending=_yes(
-                    g.first("Retired Pages/Pending Page Blacklist", "Retired Pages/Pending Page Retirement")
-                ),
-                retired_pages=_sum(
-                    _numv(g.val("Retired Pages/Single Bit ECC")), _numv(g.val("Retired Pages/Double Bit ECC"))
-                ),
-                remapped_rows_correctable=_intv(rr.val("Correctable Error")) if has_rr and rr else None,
-                remapped_rows_uncorrectable=_intv(rr.val("Uncorrectable Error")) if has_rr and rr else None,
-                remapped_rows_pending=_yes(rr.val("Pending")) if has_rr and rr else None,
-                remapped_rows_failure=_yes(rr.val("Remapping Failure Occurred")) if has_rr and rr else None,
-                pcie_replay_count=_intv(g.val("PCI/Replays Since Reset")),
-                pcie_link_gen=_intv(g.val(f"{link}/PCIe Generation/Current")),
-                pcie_link_gen_max=_intv(g.val(f"{link}/PCIe Generation/Max")),
-                pcie_link_width=_intv(g.val(f"{link}/Link Width/Current")),
-                pcie_link_width_max=_intv(g.val(f"{link}/Link Width/Max")),
-                pcie_tx_kbps=_numv(g.val("PCI/Tx Throughput")),
-                pcie_rx_kbps=_numv(g.val("PCI/Rx Throughput")),
-                processes=_processes(g),
-                mig_mode=mig_mode,
-            ),
-            f"nvidia-smi -q GPU {pci_raw or order}",
-        ),
-        [],
-    )
+    where = f"nvidia-smi -q GPU {pci_raw or order}"
+    return gpu_sample(data, where, gpu_sample_model(fields)), []
 
 
-def parse_nvidia_smi_q(text: str) -> SmiReport | SmiError:
+def parse_nvidia_smi_q(text: str, fields: Sequence[FieldSpec] = FIELDS) -> SmiReport | SmiError:
     """Parse ``nvidia-smi -q`` text (drivers 535.183 and 560.35 tested) into a :class:`SmiReport`.
+
+    The values are read from the ``smi_q`` paths of the field registry ``fields``
+    (:mod:`gpuwarden.shared.fields`; another registry gives samples of the model it generates)
+    except those in :data:`Q_IN_CODE`.
 
     ``N/A``/``Not Supported`` values are None (absent), never 0. Units (MiB, W, C, MHz, %,
     KB/s) are the model's and are dropped. ``dtd_version`` is None (text has none).
@@ -362,7 +340,7 @@ def parse_nvidia_smi_q(text: str) -> SmiReport | SmiError:
         if m is None:
             continue
         c.value = m["pci"]
-        s, _ = _gpu_q(c, order)
+        s, _ = _gpu_q(c, order, fields)
         gpus.append(s)
         order += 1
     return SmiReport(
