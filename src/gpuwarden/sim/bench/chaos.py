@@ -62,7 +62,7 @@ import yaml
 
 from gpuwarden.demo.runner import Pipeline, ServiceProc, spawn_service, wait_healthy
 from gpuwarden.shared.models import NodeState, RemediationDecision
-from gpuwarden.shared.scenario import load_scenario
+from gpuwarden.shared.scenario import ScenarioClock, load_scenario
 from gpuwarden.sim.collector import logger_gaps
 from gpuwarden.sim.kafka_cluster import KRaftCluster
 
@@ -622,13 +622,15 @@ class _Chaos:
             self.fig.notes.append(f"job windows lost (node, GPU, start): {loss.examples}")
         for key, got, want, times in loss.short:
             self.fig.notes.append(f"job window {key} came with {got} of {want} readings (sample times in it: {times})")
-        r0, w0 = res.sim_start, res.wall_start
-        down = [(r0 + (a - w0) * self.speed, r0 + (b - w0) * self.speed) for a, b in self.collector_down]
+        clock = ScenarioClock(res.sim_start, self.speed, res.wall_start)  # the services' own clock
+        down = [(clock.event_ts(clock.scenario_s(a)), clock.event_ts(clock.scenario_s(b)))
+                for a, b in self.collector_down]  # fmt: skip
         # the simulated collector skips some ticks of some nodes on purpose (a busy logger, as real
         # recordings show): those were never taken either
         scn = res.scenario
         skipped = {
-            n: [(r0 + a, r0 + b) for a, b in logger_gaps(scn.seed, n, scn.duration_s)] for n in scn.cluster.node_names()
+            n: [(clock.event_ts(a), clock.event_ts(b)) for a, b in logger_gaps(scn.seed, n, scn.duration_s)]
+            for n in scn.cluster.node_names()
         }
         self.fig.samples_lost_before_kafka, gaps = self.ledger.missing_ticks(self.tick_s, injected, down, skipped)
         if gaps:

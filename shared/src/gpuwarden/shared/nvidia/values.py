@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from gpuwarden.shared.models import GpuSample
 
-__all__ = ["BOUNDS", "OnDrop", "gpu_sample", "kept", "out_of_range"]
+__all__ = ["BOUNDS", "OnDrop", "gpu_sample", "kept", "out_of_range", "warn_dropped"]
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,8 @@ def _bounds() -> dict[str, tuple[float, float]]:
 BOUNDS = _bounds()
 
 
-def _warn(field_name: str, message: str) -> None:
+def warn_dropped(field_name: str, message: str) -> None:
+    """The default ``on_drop``: one rate-limited warning line, ``<message>: dropped (not reported)``."""
     log.warning("%s: dropped (not reported)", message, extra={"rate_limited": True})
 
 
@@ -70,7 +71,7 @@ def kept(field_name: str, value: Any, where: str, on_drop: OnDrop | None = None)
     why = out_of_range(field_name, value)
     if why is None:
         return value
-    (on_drop or _warn)(field_name, f"{where}: {why}")
+    (on_drop or warn_dropped)(field_name, f"{where}: {why}")
     return None
 
 
@@ -96,7 +97,7 @@ def gpu_sample(
             bad.setdefault(name, err.get("msg", "invalid"))
     gpu = data.get("index", "?")
     for name, msg in bad.items():
-        (on_drop or _warn)(name, f"{where}: GPU {gpu}: {name} = {data[name]!r}: {msg}")
+        (on_drop or warn_dropped)(name, f"{where}: GPU {gpu}: {name} = {data[name]!r}: {msg}")
     rest = {k: v for k, v in data.items() if k not in bad}
     try:
         return model(**rest)

@@ -10,15 +10,13 @@ name in :data:`SOURCES` (see :func:`register_source`); kernel-log readers are
 from __future__ import annotations
 
 import collections
-import logging
 import os
 import socket
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from gpuwarden.shared.models import GpuEvent, GpuSample, NodeSample
-
-log = logging.getLogger(__name__)
+from gpuwarden.shared.nvidia.values import warn_dropped
 
 __all__ = [
     "SOURCES",
@@ -74,7 +72,7 @@ class DroppedReadings:
 
     def __call__(self, field_name: str, message: str) -> None:
         self.counts[field_name] += 1
-        log.warning("%s: dropped (not reported)", message, extra={"rate_limited": True})
+        warn_dropped(field_name, message)
 
 
 SOURCES: dict[str, Callable[..., Source]] = {}

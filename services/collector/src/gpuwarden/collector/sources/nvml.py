@@ -163,9 +163,9 @@ class NvmlSource:
         self.event_watcher = event_watcher
         self.dedupe = dedupe
         self.call_errors: dict[tuple[str, int | None], int] = {}
+        """(NVML function, NVML return code) -> count of errors other than NOT_SUPPORTED."""
         #: readings dropped because the model cannot hold them (out of range, a sentinel)
         self.dropped = DroppedReadings()
-        """(NVML function, NVML return code) -> count of errors other than NOT_SUPPORTED."""
 
     async def collect(self) -> list[NodeSample]:
         return [await asyncio.to_thread(self.collect_sync)]
