@@ -10,6 +10,7 @@ import itertools
 import statistics
 from typing import Any
 
+import pynvml
 import pytest
 
 from gpuwarden.collector.sources import NvmlSource
@@ -20,7 +21,7 @@ from gpuwarden.sim.collector import SimulatedSource, logger_gaps
 from gpuwarden.sim.gpu_model import JobTiming, gpu_offsets, job_timing, pci_of
 from gpuwarden.sim.health_check import simulated_health_check
 from gpuwarden.sim.kernel_log import KernelLogGenerator
-from gpuwarden.sim.nvml import FakeNvml
+from gpuwarden.sim.nvml import REGISTRY_CALLS, FakeNvml
 
 START = 1_750_000_000.0
 NODE = "gpu-node-001"
@@ -609,3 +610,30 @@ def test_gpm_absent_without_binding_support() -> None:
 def test_gpm_values_follow_the_interval() -> None:
     s = at(scen([job("training")]), 3)  # compute phase
     assert all(55 <= (x.tensor_activity_pct or 0) <= 75 and 45 <= (x.sm_occupancy_pct or 0) <= 65 for x in s.gpus)
+
+
+def test_the_fake_nvml_answers_every_call_of_the_field_registry() -> None:
+    """Each NVML function of fields.csv is modelled or answers NOT_SUPPORTED (a new row's call does
+    until the fake models it), so the simulated collector reads every row as a real node would."""
+    fake = FakeNvml(scen(jobs=[job()]), ScenarioClock(START), NODE)
+    fake.t = 10.0
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    unmodelled = sorted(c for c in REGISTRY_CALLS if (vars(FakeNvml)[c].__doc__ or "").startswith("A registry call"))
+    assert unmodelled == ["nvmlDeviceGetMigDeviceHandleByIndex"]  # MIG is off on every simulated GPU
+    for c in REGISTRY_CALLS:
+        assert callable(getattr(fake, c)), c
+    with pytest.raises(pynvml.NVMLError) as exc:
+        fake.nvmlDeviceGetMigDeviceHandleByIndex(h, 0)
+    assert exc.value.value == pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert not hasattr(fake, "nvmlDeviceGetNoSuchCall")  # only the registry's calls
+    # every scalar row the fake models reaches the simulated sample
+    gpu = at(scen(jobs=[job()]), 10.0).gpus[0]
+    absent = sorted(f for f, v in gpu.model_dump().items() if v is None)
+    assert absent == sorted([
+        "fan_speed_pct",  # SXM: no fan of its own (NOT_SUPPORTED)
+        "memory_reserved_mib",  # nvmlMemory_t (v1) has no reserved
+        "memory_temperature_c", "power_instant_w",  # no NVML call in the registry
+        "mig_instances",  # MIG off
+        "retired_pages", "retired_pages_dbe", "retired_pages_pending", "retired_pages_sbe",  # HBM: rows remap
+        "vbios_version",  # sent on a GPU's first sample only
+    ])  # fmt: skip

@@ -24,6 +24,7 @@ from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuwarden.collector.sources import NvmlSource
 from gpuwarden.collector.sources import nvml as nvml_source
 from gpuwarden.otlp_bridge.catalog import build_catalog, catalog_entries
 from gpuwarden.otlp_bridge.dcgm import _DCGM_COMPUTED, DCGM_METRICS
@@ -42,11 +43,13 @@ from gpuwarden.shared.fields import (
     dcgm_read_map,
     load_fields,
     smi_q_fields,
+    smi_table_fields,
     smi_xml_fields,
 )
 from gpuwarden.shared.models import MAX_GPU_INDEX, AttributedSample, GpuSample, NodeSample
 from gpuwarden.shared.nvidia import dcgm_exporter as collector_dcgm
 from gpuwarden.shared.nvidia.dcgm_exporter import DCGM_FIELDS, gpu_records, parse_dcgm_exporter_scrape, parse_scrape
+from gpuwarden.shared.nvidia.smi_table import TABLE_CELLS, parse_nvidia_smi_table
 from gpuwarden.shared.nvidia.smi_text import (
     CSV_ALIASES,
     CSV_SAMPLE_FIELDS,
@@ -270,19 +273,45 @@ def test_dmon_columns_are_the_registry_rows() -> None:
     assert DMON_COLUMNS["rxpci"] == ("pcie_rx_kbps", 1000.0)
 
 
-_NVML_RE = re.compile(r"^(?P<fn>nvml\w+)(?:\((?P<args>[A-Z0-9_, ]*)\))?(?:\.\w+|\[\d\])?$")
-
-
 @pytest.mark.parametrize("row", [f for f in FIELDS if f.nvml], ids=lambda f: f.field)
 def test_nvml_column_names_calls_pynvml_has_and_the_nvml_source_makes(row: FieldSpec) -> None:
-    m = _NVML_RE.match(row.nvml)
-    assert m, row.nvml
-    assert callable(getattr(pynvml, m["fn"], None)), m["fn"]
-    args = [a.strip() for a in (m["args"] or "").split(",") if a.strip()]
-    assert all(hasattr(pynvml, a) for a in args), args
-    src = inspect.getsource(nvml_source)
-    assert f'"{m["fn"]}"' in src, f"the NVML source does not call {m['fn']}"
-    assert all(a in src for a in args), args
+    r = row.nvml_read
+    assert r is not None and callable(getattr(pynvml, r.call, None)), row.nvml
+    assert all(isinstance(getattr(pynvml, a), int) for a in r.args), r.args
+    generic = {x.field: x for x in nvml_source.nvml_reads()}
+    if row.field in nvml_source.NVML_IN_CODE:
+        # read in code: the source makes the call itself
+        src = inspect.getsource(nvml_source)
+        assert f'"{r.call}"' in src, f"the NVML source does not call {r.call}"
+        assert all(a in src for a in r.args), r.args
+        assert row.field not in generic
+    else:
+        assert row.type != "list", "a list field is read in code: name it in NVML_IN_CODE"
+        g = generic[row.field]
+        assert (g.call, g.args, g.attr, g.item) == (r.call, r.constants(), r.attr, r.item)
+
+
+def test_nvml_in_code_names_registry_rows_only() -> None:
+    assert {f.field for f in FIELDS if f.nvml} >= nvml_source.NVML_IN_CODE
+
+
+@pytest.mark.parametrize(
+    ("cell", "why"),
+    [
+        ("nvmlDeviceGetNoSuchThing", "pynvml has no function"),
+        ("nvmlDeviceGetClockInfo(NVML_NO_SUCH_CLOCK)", "no integer constant"),
+        ("nvmlDeviceGetClockInfo(NVML_CLOCK_SM", "is not FUNCTION"),
+        ("nvmlDeviceGetMemoryInfo.used.more", "is not FUNCTION"),
+        ("os.system", "is not FUNCTION"),
+    ],
+)
+def test_an_nvml_cell_that_is_no_pynvml_call_is_refused_with_its_line(tmp_path: Path, cell: str, why: str) -> None:
+    path = tmp_path / "fields.csv"
+    shutil.copy(SHIPPED, path)
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write(WIDGET_ROW.replace("nvmlDeviceGetDecoderUtilization[0]", f'"{cell}"', 1))
+    with pytest.raises(ValueError, match=f"line {len(FIELDS) + 2} \\(field widget_activity_pct\\).*{why}"):
+        load_fields(path)
 
 
 # -- one row added: it reaches the model, the readers and the bridge ---------------------------
@@ -291,8 +320,9 @@ def test_nvml_column_names_calls_pynvml_has_and_the_nvml_source_makes(row: Field
 #: ``nvidia-smi -q -x`` paths (first present wins), a DCGM field read by the collector (a ratio:
 #: x 100) and an OTel metric of its own. One line, as a contributor writes it.
 WIDGET_ROW = (
-    "widget_activity_pct,float,%,,0,100,,widget.activity,,widget/activity_util;widget/activity,"
-    "Utilization/Widget;Widget Activity,,,"
+    "widget_activity_pct,float,%,,0,100,nvmlDeviceGetDecoderUtilization[0],,,widget.activity,,"
+    "widget/activity_util;widget/activity,"
+    "Utilization/Widget;Widget Activity,,,,"
     'DCGM_FI_PROF_WIDGET_ACTIVE,100,read,,gpuwarden.gpu.widget.activity,,"Widget activity, %",test row\n'
 )
 
@@ -506,8 +536,14 @@ def _row(**cells: object) -> str:
         (lambda t: t + _row(field="gizmo_pct", type="float", unit="%", dmon="gz", dmon_scale="nan"), "finite"),
         (lambda t: t + _row(field="gizmo_pct", type="float", smi_query="g", smi_kind="pstate"), "reads an int"),
         (lambda t: t + _row(field="gizmo_pct", type="float", unit="%", description="x" * 95), "at most 90"),
-        (lambda t: t + "gizmo_pct,float,%\n", "3 cells, the header has 21"),
-        (lambda t: t.rstrip("\n") + ",extra\n", "22 cells, the header has 21"),
+        (lambda t: t + _row(field="gizmo", type="str", nvml="nvmlDeviceGetBoardPartNumber", nvml_scale=2), "scales a"),
+        (lambda t: t + _row(field="gizmo_w", type="float", unit="W", nvml_scale=0.001), "without an nvml call"),
+        (
+            lambda t: t + _row(field="gizmo", type="str", nvml="nvmlDeviceGetBoardPartNumber", nvml_static="no"),
+            "'yes' or blank",
+        ),
+        (lambda t: t + "gizmo_pct,float,%\n", "3 cells, the header has 24"),
+        (lambda t: t.rstrip("\n") + ",extra\n", "25 cells, the header has 24"),
         (lambda t: t.replace(",ge,", ",", 1), "the header lacks the column\\(s\\) ge"),
         (lambda t: t.splitlines()[0] + "\n", "no field rows"),
     ],
@@ -520,6 +556,9 @@ def _row(**cells: object) -> str:
         "nan-scale",
         "pstate-float",
         "long-description",
+        "nvml-scale-str",
+        "nvml-scale-no-call",
+        "nvml-static-no",
         "short-row",
         "long-row",
         "missing-column",
@@ -573,3 +612,90 @@ def _capture_drops(into: list[str]) -> Iterator[None]:
         yield
     finally:
         lg.removeHandler(h)
+
+
+class _WidgetNvml:
+    """Two GPUs answering only enumeration, the temperature and the decoder utilization (the
+    widget row's call): [percent, sampling period in us], as nvidia-ml-py returns it."""
+
+    NVMLError = pynvml.NVMLError
+
+    def __init__(self, decoder: dict[int, int]) -> None:
+        self.decoder = decoder
+
+    def nvmlInit(self) -> None: ...
+
+    def nvmlShutdown(self) -> None: ...
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "550.90.07"
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> types.SimpleNamespace:
+        return types.SimpleNamespace(index=i)
+
+    def nvmlDeviceGetTemperature(self, h: types.SimpleNamespace, sensor: int) -> int:
+        assert sensor == pynvml.NVML_TEMPERATURE_GPU
+        return 40 + h.index
+
+    def nvmlDeviceGetDecoderUtilization(self, h: types.SimpleNamespace) -> list[int]:
+        if h.index not in self.decoder:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return [self.decoder[h.index], 167000]
+
+
+def test_a_row_added_to_a_copy_of_fields_csv_reaches_the_nvml_source(tmp_path: Path) -> None:
+    reg = _with_widget(tmp_path)
+    src = NvmlSource(_WidgetNvml({0: 37}), "n1", clock=lambda: 1000.0, fields=reg)
+    sample = src.collect_sync()
+    assert [(g.index, _widget(g), g.temperature_c) for g in sample.gpus] == [(0, 37.0, 40.0), (1, None, 41.0)]
+    assert all(isinstance(g, fieldgen.gpu_sample_model(reg)) for g in sample.gpus)
+    # the row's bounds hold here too: 137 % is dropped, named and counted, the GPU kept
+    bad = NvmlSource(_WidgetNvml({0: 137, 1: 12}), "n1", clock=lambda: 1000.0, fields=reg)
+    drops: list[str] = []
+    with _capture_drops(drops):
+        got = bad.collect_sync().gpus
+    assert [(g.index, _widget(g)) for g in got] == [(0, None), (1, 12.0)]
+    assert bad.dropped.counts == {"widget_activity_pct": 1}
+    assert any("widget_activity_pct = 137" in d for d in drops), drops
+    # the shipped registry makes no such call and has no such attribute
+    plain = NvmlSource(_WidgetNvml({0: 37}), "n1", clock=lambda: 1000.0).collect_sync().gpus[0]
+    assert "widget_activity_pct" not in plain.model_dump() and plain.temperature_c == 40.0
+
+
+def test_the_row_contributing_shows_loads_and_reaches_the_model(tmp_path: Path) -> None:
+    text = (Path(__file__).parents[2] / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    section = text[text.index("## Add a GPU field") :]
+    row = section[section.index("```csv\n") + 7 : section.index("\n```", section.index("```csv\n"))]
+    path = tmp_path / "fields.csv"
+    shutil.copy(SHIPPED, path)
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write(row + "\n")
+    reg = load_fields(path)
+    (new,) = [f for f in reg if f.field not in {g.field for g in FIELDS}]
+    assert new.field in fieldgen.gpu_sample_model(reg).model_fields
+
+
+def test_the_default_table_reads_the_cells_the_registry_names(tmp_path: Path) -> None:
+    cells = [cell for _, cell, _ in smi_table_fields()]
+    assert len(cells) == len(set(cells)), "two rows read one cell"
+    assert sorted(cells) == sorted(TABLE_CELLS), "a cell no row reads, or a row naming no cell of the layout"
+    text = (Path(__file__).parents[1] / "fixtures/nvidia-smi/table-550-h100-8gpu-no-procs.txt").read_text()
+    (shipped,) = parse_nvidia_smi_table(text)
+    g0 = shipped.gpus[0]
+    assert g0.temperature_c is not None and g0.utilization_gpu_pct is not None
+    # a copy of the registry: the temperature row without its cell, the widget row reading GPU-Util
+    path = tmp_path / "fields.csv"
+    rows = SHIPPED.read_text(encoding="utf-8").replace(",Temp,", ",,", 1)
+    path.write_text(
+        rows
+        + WIDGET_ROW.replace("Utilization/Widget;Widget Activity,,", "Utilization/Widget;Widget Activity,GPU-Util,", 1),
+        encoding="utf-8",
+    )
+    reg = load_fields(path)
+    (copy,) = parse_nvidia_smi_table(text, reg)
+    c0 = copy.gpus[0]
+    assert c0.temperature_c is None and _widget(c0) == g0.utilization_gpu_pct
+    assert c0.model_dump(exclude={"temperature_c", "widget_activity_pct"}) == g0.model_dump(exclude={"temperature_c"})

@@ -13,6 +13,7 @@ from typing import Any
 
 import pynvml
 
+from gpuwarden.shared.fields import FIELDS
 from gpuwarden.shared.nvidia.nvml import NVML_ERROR_GPU_IS_LOST
 from gpuwarden.shared.scenario import Scenario, ScenarioClock
 
@@ -29,7 +30,11 @@ from .gpu_model import (
     uuid_of,
 )
 
-__all__ = ["FakeNvml"]
+__all__ = ["REGISTRY_CALLS", "FakeNvml"]
+
+#: The NVML functions the field registry (``fields.csv`` ``nvml``) reads: the fake answers each one,
+#: those it does not model with ``NVML_ERROR_NOT_SUPPORTED`` (as a GPU without the feature does).
+REGISTRY_CALLS = frozenset(r.call for f in FIELDS if (r := f.nvml_read) is not None)
 
 
 class _GpmSample(ctypes.Structure):
@@ -338,3 +343,18 @@ class FakeNvml(NodeModel):
             m.nvmlReturn = pynvml.NVML_SUCCESS if v is not None else pynvml.NVML_ERROR_NOT_SUPPORTED
             m.value = float(v) if v is not None else 0.0
         return request
+
+
+def _not_supported(name: str) -> Any:
+    def call(self: FakeNvml, handle: Any, *args: Any) -> Any:
+        self._h(handle)
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = "A registry call the fake does not model (a field added to fields.csv): NOT_SUPPORTED."
+    return call
+
+
+# methods, not __getattr__: a class with __getattr__ loses CPython's fast attribute access
+for _name in sorted(REGISTRY_CALLS - set(vars(FakeNvml))):
+    setattr(FakeNvml, _name, _not_supported(_name))

@@ -15,9 +15,15 @@ str_kind       a ``str`` field's model type: ``token`` (``Token``: no spaces, at
                characters), ``text`` (``Text``: one line, at most 256), blank (any ``str``)
 ge, le         the model's bounds of a number (``0``, ``100``; or a constant of
                :mod:`gpuwarden.shared.models` such as ``MAX_GPU_INDEX``), blank for none
-nvml           the NVML call of the NVML source (``nvmlDeviceGetClockInfo(NVML_CLOCK_SM)``,
-               ``nvmlDeviceGetMemoryInfo.used``, ``nvmlDeviceGetRemappedRows[2]``); documentation,
-               the NVML source is code
+nvml           the nvidia-ml-py call the NVML source reads the field with: ``FUNCTION``, then the
+               handle's extra arguments as pynvml constant names in parentheses
+               (``nvmlDeviceGetClockInfo(NVML_CLOCK_SM)``), then an attribute (``.used``) or an
+               item (``[2]``) of the answer; calls shared by rows are made once per GPU and tick.
+               The source reads a scalar row generically by ``type`` (``nvml_source.NVML_IN_CODE``
+               lists those read in code: the handle, bus id, bitmasks, lists, GPM, MIG)
+nvml_scale     factor from NVML's unit to the model's (``nvmlDeviceGetPowerUsage`` mW -> W: 0.001)
+nvml_static    ``yes``: a reading that does not change while the driver is loaded (name, serial,
+               maximum clocks): read once per GPU and kept (``NvmlSource`` says when it is re-read)
 smi_query      ``nvidia-smi --query-gpu`` names read for the field (also the ``--query-compute-apps``
                names ``gpu_uuid``...); the CSV readers' column table (:func:`smi_query_fields`)
 smi_kind       how the CSV text is read when not by ``type``: ``pstate`` (``P0`` -> 0), ``pci``
@@ -27,6 +33,9 @@ smi_xml        ``nvidia-smi -q -x`` paths under ``<gpu>``, tried in order (the X
 smi_q          ``nvidia-smi -q`` (text) paths under a ``GPU`` block, the indented keys joined by
                ``/`` (``FB Memory Usage/Used``), tried in order; the text reader reads them
                generically by ``type`` / ``smi_kind`` (``smi_text.Q_IN_CODE`` lists those read in code)
+smi_table      the cell of the default ``nvidia-smi`` table that shows the field (``Temp``,
+               ``Pwr:Cap``, ``Memory-Usage:Used``: ``smi_table.TABLE_CELLS``, a fixed layout), read
+               by ``type`` / ``smi_kind``
 dmon           ``nvidia-smi dmon`` column (:func:`dmon_columns`)
 dmon_scale     factor from dmon's unit to the model's (``rxpci`` MB/s -> KB/s: 1000)
 dcgm_field     the DCGM field (``DCGM_FI_*``); list rows may name several (read by code)
@@ -47,8 +56,9 @@ notes          where the sources differ, what code does (documentation)
 gpuwarden.shared.fieldgen`` rewrites its scalar fields from ``type``, ``str_kind``, ``ge``,
 ``le`` and ``description`` (the list fields are code); a unit test fails when the two differ.
 
-Read by the model's generator, the collector (dcgm-exporter scrapes, ``--query-gpu`` CSV, ``dmon``, ``-q``,
-``nvidia-smi -q -x``) and the otlp-bridge (dcgm-exporter naming, ``otel_name`` metrics).
+Read by the model's generator, the collector's NVML source (and the simulator's, through it), the
+readers (dcgm-exporter scrapes, ``--query-gpu`` CSV, ``dmon``, ``-q``, ``nvidia-smi -q -x``, the
+default table) and the otlp-bridge (dcgm-exporter naming, ``otel_name`` metrics).
 :func:`load_fields` reads another CSV of the same columns (tests); the readers and the bridge's
 catalog take such a registry as their ``fields`` argument.
 """
@@ -64,8 +74,9 @@ import re
 from collections.abc import Iterable
 from importlib.resources import files
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
+import pynvml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 __all__ = [
@@ -75,6 +86,8 @@ __all__ = [
     "UNITS",
     "FieldSpec",
     "FieldType",
+    "NvmlField",
+    "NvmlRead",
     "SmiKind",
     "by_dcgm",
     "by_field",
@@ -82,8 +95,11 @@ __all__ = [
     "dcgm_write_fields",
     "dmon_columns",
     "load_fields",
+    "nvml_fields",
+    "parse_nvml",
     "smi_q_fields",
     "smi_query_fields",
+    "smi_table_fields",
     "smi_xml_fields",
 ]
 
@@ -118,6 +134,43 @@ MAX_SCALAR_DESCRIPTION = 90
 _OTEL_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-/]{0,254}$")
 
 
+_NVML_RE = re.compile(
+    r"^(?P<call>nvml[A-Za-z0-9_]+)(?:\((?P<args>[A-Z0-9_, ]*)\))?"
+    r"(?:\.(?P<attr>[A-Za-z_][A-Za-z0-9_]*)|\[(?P<item>[0-9]+)\])?$"
+)
+
+
+class NvmlRead(NamedTuple):
+    """An ``nvml`` cell taken apart: ``call(handle, *args)``, then ``.attr`` or ``[item]`` of the answer."""
+
+    call: str
+    args: tuple[str, ...] = ()
+    attr: str | None = None
+    item: int | None = None
+
+    def constants(self) -> tuple[int, ...]:
+        """The arguments' values, pynvml's own constants."""
+        return tuple(int(getattr(pynvml, a)) for a in self.args)
+
+
+def parse_nvml(text: str) -> NvmlRead:
+    """``nvmlDeviceGetClockInfo(NVML_CLOCK_SM)`` -> ``NvmlRead("nvmlDeviceGetClockInfo", ("NVML_CLOCK_SM",))``.
+
+    Raises:
+        ValueError: not ``FUNCTION[(CONSTANT, ...)][.attr|[n]]``, a function or constant the
+            installed nvidia-ml-py (``pynvml``) does not have.
+    """
+    m = _NVML_RE.match(text)
+    if m is None:
+        raise ValueError(f"nvml {text!r} is not FUNCTION[(NVML_CONSTANT, ...)][.attribute|[n]]")
+    args = tuple(a.strip() for a in (m["args"] or "").split(",") if a.strip())
+    if not callable(getattr(pynvml, m["call"], None)):
+        raise ValueError(f"nvml: pynvml has no function {m['call']}")
+    if bad := [a for a in args if not isinstance(getattr(pynvml, a, None), int)]:
+        raise ValueError(f"nvml: pynvml has no integer constant {', '.join(bad)}")
+    return NvmlRead(m["call"], args, m["attr"], int(m["item"]) if m["item"] is not None else None)
+
+
 def _names(v: object) -> tuple[str, ...]:
     if isinstance(v, str):
         return tuple(p.strip() for p in v.split(";") if p.strip())
@@ -137,10 +190,13 @@ class FieldSpec(BaseModel):
     ge: str = Field("", description="Lower bound: a number or a gpuwarden.shared.models constant")
     le: str = Field("", description="Upper bound: a number or a gpuwarden.shared.models constant")
     nvml: str = ""
+    nvml_scale: float | None = None
+    nvml_static: bool = False
     smi_query: tuple[str, ...] = ()
     smi_kind: Literal["pstate", "pci", ""] = ""
     smi_xml: tuple[str, ...] = ()
     smi_q: tuple[str, ...] = ()
+    smi_table: str = ""
     dmon: str = ""
     dmon_scale: float | None = None
     dcgm_field: tuple[str, ...] = ()
@@ -157,12 +213,28 @@ class FieldSpec(BaseModel):
     def _split(cls, v: object) -> tuple[str, ...]:
         return _names(v)
 
-    @field_validator("dmon_scale", "dcgm_scale", mode="before")
+    @field_validator("dmon_scale", "dcgm_scale", "nvml_scale", mode="before")
     @classmethod
     def _blank_none(cls, v: object) -> object:
         return None if v == "" else v
 
-    @field_validator("dmon_scale", "dcgm_scale")
+    @field_validator("nvml_static", mode="before")
+    @classmethod
+    def _yes(cls, v: object) -> object:
+        if isinstance(v, str):
+            if v not in ("", "yes"):
+                raise ValueError(f"nvml_static is 'yes' or blank, not {v!r}")
+            return v == "yes"
+        return v
+
+    @field_validator("nvml")
+    @classmethod
+    def _nvml(cls, v: str) -> str:
+        if v:
+            parse_nvml(v)
+        return v
+
+    @field_validator("dmon_scale", "dcgm_scale", "nvml_scale")
     @classmethod
     def _scale(cls, v: float | None) -> float | None:
         if v is not None and not (math.isfinite(v) and v > 0):
@@ -211,10 +283,14 @@ class FieldSpec(BaseModel):
             raise ValueError(f"{self.field}: a scalar field has one dcgm_field")
         if scalar and self.dcgm_field and not self.dcgm_scale:
             raise ValueError(f"{self.field}: dcgm_field without a non-zero dcgm_scale")
+        if (self.nvml_scale or self.nvml_static) and not self.nvml:
+            raise ValueError(f"{self.field}: nvml_scale/nvml_static without an nvml call")
+        if self.nvml_scale and self.type not in ("int", "float"):
+            raise ValueError(f"{self.field}: nvml_scale scales a number (int or float)")
         if self.dmon and not self.dmon_scale and self.field != KEY_FIELD:
             raise ValueError(f"{self.field}: dmon without a non-zero dmon_scale")
-        if not scalar and (self.smi_query or self.smi_q or self.dmon):
-            raise ValueError(f"{self.field}: a list field has no smi_query/smi_q/dmon column (read by code)")
+        if not scalar and (self.smi_query or self.smi_q or self.smi_table or self.dmon):
+            raise ValueError(f"{self.field}: a list field has no smi_query/smi_q/smi_table/dmon column (read by code)")
         if self.str_kind and self.type != "str":
             raise ValueError(f"{self.field}: str_kind is for a str field")
         if (self.ge or self.le) and self.type not in ("int", "float"):
@@ -239,6 +315,11 @@ class FieldSpec(BaseModel):
         elif self.otel_instrument:
             raise ValueError(f"{self.field}: otel_instrument without otel_name")
         return self
+
+    @property
+    def nvml_read(self) -> NvmlRead | None:
+        """The ``nvml`` cell taken apart (None when blank)."""
+        return parse_nvml(self.nvml) if self.nvml else None
 
     @property
     def dcgm_read(self) -> bool:
@@ -358,6 +439,12 @@ def smi_q_fields(fields: Iterable[FieldSpec] = FIELDS) -> tuple[tuple[str, tuple
     return tuple((f.field, f.smi_q, f.smi_kind or f.type) for f in fields if f.smi_q and f.type != "list")
 
 
+def smi_table_fields(fields: Iterable[FieldSpec] = FIELDS) -> tuple[tuple[str, str, str], ...]:
+    """(field, default ``nvidia-smi`` table cell, how the value is read: ``smi_kind``, else the
+    field's type) for every scalar row with ``smi_table``."""
+    return tuple((f.field, f.smi_table, f.smi_kind or f.type) for f in fields if f.smi_table and f.type != "list")
+
+
 def smi_xml_fields(fields: Iterable[FieldSpec] = FIELDS) -> tuple[tuple[str, tuple[str, ...], FieldType], ...]:
     """The ``nvidia-smi -q -x`` path table: (``GpuSample`` field, paths under ``<gpu>`` tried in
     order, the field's type), for every scalar row with ``smi_xml`` (the XML reader reads
@@ -369,3 +456,23 @@ def dmon_columns(fields: Iterable[FieldSpec] = FIELDS) -> dict[str, tuple[str, f
     """``nvidia-smi dmon`` column -> (``GpuSample`` field, factor from dmon's unit to the
     model's), every row with ``dmon`` but the GPU key ``index`` (dmon's ``gpu`` column)."""
     return {f.dmon: (f.field, f.dmon_scale or 1.0) for f in fields if f.dmon and f.field != KEY_FIELD}
+
+
+class NvmlField(NamedTuple):
+    """What the NVML source reads for one scalar row (:func:`nvml_fields`)."""
+
+    field: str
+    type: FieldType
+    read: NvmlRead
+    scale: float | None
+    static: bool
+
+
+def nvml_fields(fields: Iterable[FieldSpec] = FIELDS) -> tuple[NvmlField, ...]:
+    """Every scalar row with an ``nvml`` call, in registry order (the NVML source reads those it
+    does not read in code generically)."""
+    return tuple(
+        NvmlField(f.field, f.type, r, f.nvml_scale, f.nvml_static)
+        for f in fields
+        if f.type != "list" and (r := f.nvml_read) is not None
+    )

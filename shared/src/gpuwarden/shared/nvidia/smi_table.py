@@ -2,16 +2,35 @@
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from gpuwarden.shared.fieldgen import gpu_sample_model
+from gpuwarden.shared.fields import FIELDS, FieldSpec, smi_table_fields
 from gpuwarden.shared.models import GpuSample
-from gpuwarden.shared.nvidia.pci import normalize_pci_bus_id
-from gpuwarden.shared.nvidia.tokens import is_na
 
+from .smi_text import TEXT_READERS
 from .values import gpu_sample, kept
 
-__all__ = ["SmiTable", "parse_nvidia_smi_table", "parse_nvidia_smi_table_report"]
+__all__ = ["TABLE_CELLS", "SmiTable", "parse_nvidia_smi_table", "parse_nvidia_smi_table_report"]
+
+#: The cells of a GPU's rows in the default table, by their header caption (the registry's
+#: ``smi_table`` column names them): ``GPU Name Persistence-M | Bus-Id Disp.A | Volatile Uncorr.
+#: ECC`` / ``Fan Temp Perf Pwr:Usage/Cap | Memory-Usage | GPU-Util Compute M.`` / ``MIG M.``
+#: (drivers 450+). The GPU number and the Processes section are read in code.
+TABLE_CELLS = (
+    "Name", "Bus-Id", "Volatile Uncorr. ECC", "Fan", "Temp", "Perf", "Pwr:Usage", "Pwr:Cap",
+    "Memory-Usage:Used", "Memory-Usage:Total", "GPU-Util", "MIG M.",
+)  # fmt: skip
+
+
+@functools.cache
+def _table_readers(fields: tuple[FieldSpec, ...]) -> tuple[tuple[str, str, Callable[[str | None], Any]], ...]:
+    """(field, cell, reader) of each registry row with a ``smi_table`` cell."""
+    return tuple((f, cell, TEXT_READERS[kind]) for f, cell, kind in smi_table_fields(fields))
+
 
 _VERSION_RE = re.compile(
     r"NVIDIA-SMI\s+(?P<smi>\S+)\s+Driver Version:\s*(?P<drv>\S+)(?:\s+CUDA Version:\s*(?P<cuda>\S+))?"
@@ -31,12 +50,6 @@ _PROC_RE = re.compile(
 _DATE_RE = re.compile(r"^\w{3} \w{3} +\d{1,2} \d{2}:\d{2}:\d{2} \d{4}$")
 
 
-def _num(tok: str, unit: str) -> float | None:
-    if is_na(tok):  # N/A, ERR!
-        return None
-    return float(tok.removesuffix(unit))
-
-
 class SmiTable:
     """One parsed table: ``timestamp`` (the date line above it, or None), ``driver_version``,
     ``cuda_version``, ``gpus`` (:class:`GpuSample` each, processes attached)."""
@@ -54,7 +67,7 @@ def _cells(line: str) -> list[str]:
     return [c for c in line.strip().strip("|").split("|")]
 
 
-def parse_nvidia_smi_table(text: str) -> list[SmiTable]:
+def parse_nvidia_smi_table(text: str, fields: Sequence[FieldSpec] = FIELDS) -> list[SmiTable]:
     """Every table of ``text`` (one or several ``nvidia-smi`` outputs, each optionally preceded
     by its date line ``Tue Dec  1 13:21:04 2026``), drivers 418 .. 570 (the ``Perf
     Pwr:Usage/Cap`` layout of 4xx and the wider 555+ columns both read).
@@ -62,7 +75,9 @@ def parse_nvidia_smi_table(text: str) -> list[SmiTable]:
     Per GPU: index, name (truncated names end in ``...``), persistence mode, PCI bus id, fan %,
     temperature C, performance state, power W and cap W, memory used/total MiB, utilisation %,
     and the processes of the Processes section (pid, used_memory_mib). ``N/A`` and ``ERR!`` are
-    absent. MIG devices sections are skipped (``mig_mode`` True when one lists the GPU).
+    absent. MIG devices sections are skipped (``mig_mode`` True when one lists the GPU). The
+    values are read from the cells the field registry ``fields`` names (``smi_table``; another
+    registry builds its own model: :func:`~gpuwarden.shared.fieldgen.gpu_sample_model`).
 
     Raises:
         ValueError: no ``NVIDIA-SMI ... Driver Version`` banner, or a GPU row that cannot be read.
@@ -106,25 +121,19 @@ def parse_nvidia_smi_table(text: str) -> list[SmiTable]:
                     raise ValueError(f"nvidia-smi table line {i + 1}: cannot read the GPU row: {ln.strip()!r}")
                 a, b, cc = r2[0], r2[1], r2[2]
                 idx = int(m0["idx"])
-                ecc = c[2].strip()
-                g: dict[str, Any] = {
-                    "index": idx,
-                    "name": m0["name"],
-                    "pci_bus_id": normalize_pci_bus_id(m1["pci"]),
-                    "fan_speed_pct": _num(a["fan"], "%"),
-                    "temperature_c": _num(a["temp"], "C"),
-                    "performance_state": int(a["perf"][1:]) if a["perf"].startswith("P") else None,
-                    "power_w": _num(a["pwr"], "W"),
-                    "power_limit_w": _num(a["cap"], "W"),
-                    "memory_used_mib": float(b["used"]),
-                    "memory_total_mib": float(b["total"]),
-                    "utilization_gpu_pct": _num(cc["util"], "%"),
-                    "ecc_dbe_volatile": int(ecc) if ecc.isdigit() else None,
-                }
+                cells: dict[str, str] = {
+                    "Name": m0["name"], "Bus-Id": m1["pci"], "Volatile Uncorr. ECC": c[2], "Fan": a["fan"],
+                    "Temp": a["temp"], "Perf": a["perf"], "Pwr:Usage": a["pwr"], "Pwr:Cap": a["cap"],
+                    "Memory-Usage:Used": b["used"], "Memory-Usage:Total": b["total"], "GPU-Util": cc["util"],
+                }  # fmt: skip
                 if len(c2) > 2 and i + 2 < len(lines):
                     c3 = _cells(lines[i + 2])
                     if len(c3) > 2 and c3[2].strip() in ("Enabled", "Disabled"):
-                        g["mig_mode"] = c3[2].strip() == "Enabled"
+                        cells["MIG M."] = c3[2]
+                g: dict[str, Any] = {"index": idx}
+                for name, cell, read in _table_readers(tuple(fields)):
+                    if cell in cells:
+                        g[name] = read(cells[cell])
                 for k, v in g.items():
                     g[k] = kept(k, v, f"nvidia-smi table line {i + 1}")
                 gpus[idx] = g
@@ -138,11 +147,10 @@ def parse_nvidia_smi_table(text: str) -> list[SmiTable]:
                     proc["used_memory_mib"] = float(pm["mem"][:-3])
                 g2.setdefault("processes", []).append(proc)
         i += 1
+    model = gpu_sample_model(fields)
     for t, gs in zip(tables, raw, strict=True):
-        t.gpus = [
-            gpu_sample({k: v for k, v in g.items() if v is not None}, f"nvidia-smi table at {t.timestamp or 'start'}")
-            for g in gs.values()
-        ]
+        where = f"nvidia-smi table at {t.timestamp or 'start'}"
+        t.gpus = [gpu_sample({k: v for k, v in g.items() if v is not None}, where, model) for g in gs.values()]
     if not tables:
         raise ValueError("not nvidia-smi table output: no 'NVIDIA-SMI ... Driver Version' banner")
     return tables

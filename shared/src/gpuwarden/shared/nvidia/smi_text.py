@@ -35,6 +35,7 @@ from .smi_xml import MigDevice, SmiReport
 __all__ = [
     "CSV_ALIASES",
     "CSV_SAMPLE_FIELDS",
+    "TEXT_READERS",
     "CsvRow",
     "SmiError",
     "csv_converter",
@@ -265,8 +266,9 @@ Q_IN_CODE = frozenset(
     }
 )
 
-#: how a ``-q`` value is read, by the registry row's ``smi_kind`` or type
-_Q_READ: dict[str, Callable[[str | None], Any]] = {
+#: how a ``-q`` value (also a default-table cell) is read, by the registry row's ``smi_kind`` or
+#: type: the leading number (unit dropped), yes/enabled/active as True, ``P2`` as 2, N/A as None
+TEXT_READERS: dict[str, Callable[[str | None], Any]] = {
     "float": _numv,
     "int": _intv,
     "bool": _yes,
@@ -279,7 +281,7 @@ _Q_READ: dict[str, Callable[[str | None], Any]] = {
 @functools.cache
 def _q_readers(fields: tuple[FieldSpec, ...]) -> tuple[tuple[str, tuple[str, ...], Callable[[str | None], Any]], ...]:
     """(field, paths, reader) of each registry row the ``-q`` text is read for generically."""
-    return tuple((f, paths, _Q_READ[kind]) for f, paths, kind in smi_q_fields(fields) if f not in Q_IN_CODE)
+    return tuple((f, paths, TEXT_READERS[kind]) for f, paths, kind in smi_q_fields(fields) if f not in Q_IN_CODE)
 
 
 def _gpu_q(g: _Node, order: int, fields: Sequence[FieldSpec] = FIELDS) -> tuple[GpuSample, list[MigDevice]]:

@@ -1,24 +1,23 @@
 """The NVML source: one node's GPUs through NVML, plus XID lines of its kernel log.
 
-About 500 lines for one class: :meth:`NvmlSource._gpu` lists every NVML reading of a GPU in one
-place (the fields of ``GpuSample``), next to the GPM and NVLink readers it calls.
+:meth:`NvmlSource._gpu` reads a GPU's scalar fields from the field registry (``fields.csv``:
+the ``nvml`` call, ``nvml_scale``, ``nvml_static``; :func:`nvml_reads`) and those of
+:data:`NVML_IN_CODE` in code, next to the GPM and NVLink readers it calls.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
+from gpuwarden.shared.fieldgen import gpu_sample_model
+from gpuwarden.shared.fields import FIELDS, FieldSpec, nvml_fields
 from gpuwarden.shared.models import EventKind, GpuEvent, GpuSample, NodeSample, stable_id
 from gpuwarden.shared.nvidia.kernel_log import KernelLogParser
 from gpuwarden.shared.nvidia.nvml import (
     NVLINK_PROBE_LINKS,
-    NVML_AGGREGATE_ECC,
-    NVML_CLOCK_GRAPHICS,
-    NVML_CLOCK_MEM,
-    NVML_CLOCK_SM,
     NVML_DEAD_ERRORS,
     NVML_ERROR_FUNCTION_NOT_FOUND,
     NVML_ERROR_GPU_IS_LOST,
@@ -27,21 +26,13 @@ from gpuwarden.shared.nvidia.nvml import (
     NVML_GPM_METRIC_ANY_TENSOR_UTIL,
     NVML_GPM_METRIC_SM_OCCUPANCY,
     NVML_GPM_METRICS_GET_VERSION,
-    NVML_MEMORY_ERROR_TYPE_CORRECTED,
-    NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
     NVML_NVLINK_ERROR_DL_CRC_DATA,
     NVML_NVLINK_ERROR_DL_CRC_FLIT,
     NVML_NVLINK_ERROR_DL_RECOVERY,
     NVML_NVLINK_ERROR_DL_REPLAY,
     NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
     NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
-    NVML_PCIE_UTIL_RX_BYTES,
-    NVML_PCIE_UTIL_TX_BYTES,
     NVML_SUCCESS,
-    NVML_TEMPERATURE_GPU,
-    NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
-    NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
-    NVML_VOLATILE_ECC,
     THROTTLE_BITS,
     Nvml,
     nvml_str,
@@ -53,7 +44,7 @@ from .base import Clock, DroppedReadings, LineReader, default_collector_id, reso
 from .dedupe import EventDeduper
 from .nvml_events import NvmlEventWatcher
 
-__all__ = ["GpuLost", "NvmlSource"]
+__all__ = ["NVML_IN_CODE", "GpuLost", "NvmlRow", "NvmlSource", "nvml_reads"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +54,79 @@ _NVLINK_COUNTERS = {
     "crc_flit_errors": NVML_NVLINK_ERROR_DL_CRC_FLIT,
     "crc_data_errors": NVML_NVLINK_ERROR_DL_CRC_DATA,
 }
+
+
+#: Registry rows with an ``nvml`` call that :meth:`NvmlSource._gpu` reads in code, not from the
+#: row: the handle, the identity it remembers, the VBIOS (sent once), the clock-event bitmask, the
+#: performance state (32 is "unknown"), retired-page lists (counted), processes, MIG and GPM.
+NVML_IN_CODE = frozenset(
+    {
+        "index", "uuid", "pci_bus_id", "vbios_version", "throttle_reasons", "performance_state",
+        "retired_pages", "retired_pages_sbe", "retired_pages_dbe", "nvlinks", "processes",
+        "mig_mode", "mig_instances", "sm_occupancy_pct", "tensor_activity_pct",
+    }
+)  # fmt: skip
+
+
+class NvmlRow(NamedTuple):
+    """One registry row the NVML source reads generically: its call's answer -> ``.attr`` or
+    ``[item]`` -> ``convert`` (by the row's type and ``nvml_scale``)."""
+
+    field: str
+    call: str
+    args: tuple[int, ...]  # pynvml's constants
+    attr: str | None
+    item: int | None
+    static: bool
+    convert: Callable[[Any], Any]
+
+
+def _converter(type_: str, scale: float | None) -> Callable[[Any], Any]:
+    if type_ == "str":
+        return nvml_str
+    if type_ == "bool":
+        return bool
+    if scale is None or scale == 1:
+        return int if type_ == "int" else float
+    div = 1 / scale
+    if div.is_integer():  # mW / 1000, not mW * 0.001: the float a hand-written conversion gives
+        return (lambda v: round(float(v) / div)) if type_ == "int" else (lambda v: float(v) / div)
+    return (lambda v: round(float(v) * scale)) if type_ == "int" else (lambda v: float(v) * scale)
+
+
+def nvml_reads(fields: Sequence[FieldSpec] = FIELDS) -> tuple[NvmlRow, ...]:
+    """The rows of ``fields`` the NVML source reads generically (:func:`~gpuwarden.shared.fields.nvml_fields`
+    but :data:`NVML_IN_CODE`), with their arguments as pynvml's constants."""
+    return tuple(
+        NvmlRow(
+            f.field, f.read.call, f.read.constants(), f.read.attr, f.read.item, f.static, _converter(f.type, f.scale)
+        )
+        for f in nvml_fields(fields)
+        if f.field not in NVML_IN_CODE
+    )
+
+
+def _by_call(rows: Sequence[NvmlRow]) -> tuple[tuple[str, tuple[int, ...], bool, tuple[NvmlRow, ...]], ...]:
+    """``rows`` grouped by (call, arguments, static), in registry order: one call per group and tick."""
+    groups: dict[tuple[str, tuple[int, ...], bool], list[NvmlRow]] = {}
+    for r in rows:
+        groups.setdefault((r.call, r.args, r.static), []).append(r)
+    return tuple((c, a, st, tuple(rs)) for (c, a, st), rs in groups.items())
+
+
+def _row_value(answer: Any, r: NvmlRow) -> Any:
+    """Row ``r``'s model value from its call's (not None) ``answer``; None when the answer lacks
+    it. A value that does not convert is passed on as it came: the model refuses and names it."""
+    try:
+        v = answer if r.attr is None and r.item is None else getattr(answer, r.attr) if r.attr else answer[r.item]
+    except (AttributeError, IndexError, KeyError, TypeError):
+        return None
+    if v is None:
+        return None
+    try:
+        return r.convert(v)
+    except (TypeError, ValueError, OverflowError):
+        return v
 
 
 class GpuLost(Exception):
@@ -129,11 +193,17 @@ class NvmlSource:
         dedupe: EventDeduper | None = None,
         static_every_s: float = 300.0,
         nvlink_every: int = 1,
+        fields: Sequence[FieldSpec] = FIELDS,
     ) -> None:
-        """Raises ValueError: ``nvlink_every`` < 1."""
+        """``fields``: the field registry whose ``nvml`` rows are read (another one in tests: its
+        model, :func:`~gpuwarden.shared.fieldgen.gpu_sample_model`, builds the samples).
+
+        Raises ValueError: ``nvlink_every`` < 1."""
         if nvlink_every < 1:
             raise ValueError(f"nvlink_every must be >= 1 (ticks), got {nvlink_every}")
         self.nvml = nvml
+        self._calls = _by_call(nvml_reads(fields))
+        self._model = gpu_sample_model(fields)
         self.static_every_s = static_every_s
         self.nvlink_every = nvlink_every
         self._ticks = 0  # collects so far (NVLink is read when this is a multiple of nvlink_every)
@@ -386,28 +456,31 @@ class NvmlSource:
         pci_id = normalize_pci_bus_id(nvml_str(pci.busId)) if pci is not None else None
         uuid = nvml_str(uuid) if uuid is not None else None
         self._known_pci[i] = (pci_id, uuid)
-        name = static("nvmlDeviceGetName", h)
-        util = call("nvmlDeviceGetUtilizationRates", h)
-        mem = call("nvmlDeviceGetMemoryInfo", h)
-        power = call("nvmlDeviceGetPowerUsage", h)
-        limit = call("nvmlDeviceGetEnforcedPowerLimit", h)
-        mgmt = call("nvmlDeviceGetPowerManagementLimit", h)
-        reasons = call("nvmlDeviceGetCurrentClocksEventReasons", h)
-        rows = call("nvmlDeviceGetRemappedRows", h)
-        energy = call("nvmlDeviceGetTotalEnergyConsumption", h)
-        serial = static("nvmlDeviceGetSerial", h)
-        vbios = None
+        data: dict[str, Any] = {"index": i, "uuid": uuid, "pci_bus_id": pci_id}
+        # the registry's rows (fields.csv nvml, nvml_scale, nvml_static): one call per (function,
+        # arguments) and tick, however many rows read its answer
+        for fn, args, is_static, rows in self._calls:
+            answer = static(fn, h, *args) if is_static else call(fn, h, *args)
+            for r in rows:
+                if answer is None:
+                    data[r.field] = None
+                elif r.attr is None and r.item is None:
+                    try:  # the common case inline: a scalar answer converted
+                        data[r.field] = r.convert(answer)
+                    except (TypeError, ValueError, OverflowError):
+                        data[r.field] = answer  # the model refuses it and names it
+                else:
+                    data[r.field] = _row_value(answer, r)
+        # read in code (NVML_IN_CODE): sent once, bitmasks, lists, an "unknown" sentinel, MIG, GPM
         if i not in self._vbios_sent:
             vbios = call("nvmlDeviceGetVbiosVersion", h)
             self._vbios_sent.add(i)
+            data["vbios_version"] = nvml_str(vbios) if vbios is not None else None
         occupancy, tensor = self._gpm_metrics(i, h, call)
-        pstate = call("nvmlDeviceGetPerformanceState", h)
+        reasons = call("nvmlDeviceGetCurrentClocksEventReasons", h)
+        pstate = call("nvmlDeviceGetPerformanceState", h)  # 32: NVML_PSTATE_UNKNOWN
         rp_sbe = call("nvmlDeviceGetRetiredPages", h, NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
         rp_dbe = call("nvmlDeviceGetRetiredPages", h, NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
-        rp_pending = call("nvmlDeviceGetRetiredPagesPendingStatus", h)
-        tx = call("nvmlDeviceGetPcieThroughput", h, NVML_PCIE_UTIL_TX_BYTES)
-        rx = call("nvmlDeviceGetPcieThroughput", h, NVML_PCIE_UTIL_RX_BYTES)
-        fan = call("nvmlDeviceGetFanSpeed", h)
         procs = call("nvmlDeviceGetComputeRunningProcesses", h)
         mig = call("nvmlDeviceGetMigMode", h)
         mig_on = bool(mig[0] == NVML_FEATURE_ENABLED) if mig is not None else None
@@ -418,89 +491,27 @@ class NvmlSource:
                 if call("nvmlDeviceGetMigDeviceHandleByIndex", h, k) is not None:
                     mig_n += 1
         mib = 1024 * 1024
-        reserved = getattr(mem, "reserved", None) if mem is not None else None
-        # a reading the model cannot hold (a sentinel) is dropped and counted, not the node's sample
-        return gpu_sample(
-            dict(
-                index=i,
-                uuid=uuid,
-                pci_bus_id=pci_id,
-                name=nvml_str(name) if name is not None else None,
-                serial=nvml_str(serial) if serial is not None else None,
-                vbios_version=nvml_str(vbios) if vbios is not None else None,
-                utilization_gpu_pct=float(util.gpu) if util is not None else None,
-                utilization_memory_pct=float(util.memory) if util is not None else None,
-                memory_used_mib=mem.used / mib if mem is not None else None,
-                memory_total_mib=mem.total / mib if mem is not None else None,
-                memory_free_mib=mem.free / mib if mem is not None else None,
-                memory_reserved_mib=reserved / mib if reserved is not None else None,
-                temperature_c=call("nvmlDeviceGetTemperature", h, NVML_TEMPERATURE_GPU),
-                temperature_slowdown_c=static(
-                    "nvmlDeviceGetTemperatureThreshold", h, NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
-                ),
-                temperature_shutdown_c=static(
-                    "nvmlDeviceGetTemperatureThreshold", h, NVML_TEMPERATURE_THRESHOLD_SHUTDOWN
-                ),
-                power_w=power / 1000 if power is not None else None,
-                power_limit_w=limit / 1000 if limit is not None else None,
-                power_management_limit_w=mgmt / 1000 if mgmt is not None else None,
-                sm_clock_mhz=call("nvmlDeviceGetClockInfo", h, NVML_CLOCK_SM),
-                graphics_clock_mhz=call("nvmlDeviceGetClockInfo", h, NVML_CLOCK_GRAPHICS),
-                memory_clock_mhz=call("nvmlDeviceGetClockInfo", h, NVML_CLOCK_MEM),
-                max_sm_clock_mhz=static("nvmlDeviceGetMaxClockInfo", h, NVML_CLOCK_SM),
-                max_graphics_clock_mhz=static("nvmlDeviceGetMaxClockInfo", h, NVML_CLOCK_GRAPHICS),
-                max_memory_clock_mhz=static("nvmlDeviceGetMaxClockInfo", h, NVML_CLOCK_MEM),
-                throttle_reasons=[v for b, v in THROTTLE_BITS.items() if reasons & b] if reasons is not None else [],
-                performance_state=pstate if pstate is not None and 0 <= pstate <= 15 else None,
-                ecc_sbe_volatile=call(
-                    "nvmlDeviceGetTotalEccErrors", h, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC
-                ),
-                ecc_dbe_volatile=call(
-                    "nvmlDeviceGetTotalEccErrors", h, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC
-                ),
-                ecc_sbe_aggregate=call(
-                    "nvmlDeviceGetTotalEccErrors", h, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC
-                ),
-                ecc_dbe_aggregate=call(
-                    "nvmlDeviceGetTotalEccErrors", h, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC
-                ),
-                retired_pages_sbe=len(rp_sbe) if rp_sbe is not None else None,
-                retired_pages_dbe=len(rp_dbe) if rp_dbe is not None else None,
-                retired_pages=len(rp_sbe) + len(rp_dbe) if rp_sbe is not None and rp_dbe is not None else None,
-                retired_pages_pending=bool(rp_pending) if rp_pending is not None else None,
-                remapped_rows_correctable=int(rows[0]) if rows is not None else None,
-                remapped_rows_uncorrectable=int(rows[1]) if rows is not None else None,
-                remapped_rows_pending=bool(rows[2]) if rows is not None else None,
-                remapped_rows_failure=bool(rows[3]) if rows is not None else None,
-                pcie_replay_count=call("nvmlDeviceGetPcieReplayCounter", h),
-                pcie_link_gen=call("nvmlDeviceGetCurrPcieLinkGeneration", h),
-                pcie_link_gen_max=static("nvmlDeviceGetMaxPcieLinkGeneration", h),
-                pcie_link_width=call("nvmlDeviceGetCurrPcieLinkWidth", h),
-                pcie_link_width_max=static("nvmlDeviceGetMaxPcieLinkWidth", h),
-                pcie_tx_kbps=float(tx) if tx is not None else None,
-                pcie_rx_kbps=float(rx) if rx is not None else None,
-                fan_speed_pct=float(fan) if fan is not None else None,
-                nvlinks=self._nvlink(i, h, call) if self._read_nvlink else None,
-                processes=[
-                    {"pid": int(p.pid)}
-                    | (
-                        {"used_memory_mib": p.usedGpuMemory / mib}
-                        if getattr(p, "usedGpuMemory", None) is not None
-                        else {}
-                    )
-                    for p in procs
-                ]
-                if procs is not None
-                else None,
-                mig_mode=mig_on,
-                mig_instances=mig_n,
-                energy_j=energy / 1000 if energy is not None else None,
-                sm_occupancy_pct=occupancy,
-                tensor_activity_pct=tensor,
-            ),
-            f"{self.node}: NVML GPU {i}",
-            on_drop=self.dropped,
+        data.update(
+            throttle_reasons=[v for b, v in THROTTLE_BITS.items() if reasons & b] if reasons is not None else [],
+            performance_state=pstate if pstate is not None and 0 <= pstate <= 15 else None,
+            retired_pages_sbe=len(rp_sbe) if rp_sbe is not None else None,
+            retired_pages_dbe=len(rp_dbe) if rp_dbe is not None else None,
+            retired_pages=len(rp_sbe) + len(rp_dbe) if rp_sbe is not None and rp_dbe is not None else None,
+            nvlinks=self._nvlink(i, h, call) if self._read_nvlink else None,
+            processes=[
+                {"pid": int(p.pid)}
+                | ({"used_memory_mib": p.usedGpuMemory / mib} if getattr(p, "usedGpuMemory", None) is not None else {})
+                for p in procs
+            ]
+            if procs is not None
+            else None,
+            mig_mode=mig_on,
+            mig_instances=mig_n,
+            sm_occupancy_pct=occupancy,
+            tensor_activity_pct=tensor,
         )
+        # a reading the model cannot hold (a sentinel) is dropped and counted, not the node's sample
+        return gpu_sample(data, f"{self.node}: NVML GPU {i}", self._model, on_drop=self.dropped)
 
     def _gpm_metrics(self, i: int, h: Any, call: Callable[..., Any]) -> tuple[float | None, float | None]:
         """(SM occupancy %, any-tensor activity %) over the interval since the previous tick,
