@@ -258,7 +258,8 @@ class _Chaos:
     async def _hit(self, sp: ServiceProc, sig: int) -> None:
         assert sp.proc is not None
         self.expected_exits.add(sp.proc.pid)
-        # a kill -9 may lose what the collector had in flight (up to one tick); a SIGTERM nothing
+        # a kill -9 may interrupt the tick being taken (up to one tick: not yet spooled); a SIGTERM
+        # nothing. What was handed to the producer is in the spool and replayed by the next one.
         down = time.time() - (self.tick_s / self.speed if sig == signal.SIGKILL else 0.0)
         with contextlib.suppress(ProcessLookupError):
             sp.proc.send_signal(sig)
@@ -515,6 +516,8 @@ class _Chaos:
         # the detector as the shipped deploy files run it: its state survives a kill (GPU identities,
         # open episodes), a restart without it adopts its open failures from `failures`
         pl.extra_env["detector"] = {"GPUWARDEN_DETECTOR_STATE_FILE": str(self.workdir / "detector-state.json")}
+        # the collector too: its outbox spool (written before each send) survives a kill -9
+        pl.extra_env["collector"] = {"GPUWARDEN_COLLECTOR_SPOOL": str(self.workdir / "collector-outbox.jsonl")}
         # an admin's drain of the node whose fault comes last: gpuwarden must leave it as it is
         foreign_node = scenario.faults[-1].node
         (pl.workdir).mkdir(parents=True, exist_ok=True)

@@ -48,10 +48,14 @@ class Outbox:
     most ``max_messages``; when full the oldest *sample* is dropped (an event only when the
     queue holds nothing but events), ``dropped`` (per topic) is increased,
     ``on_drop(topic, n)`` is called and a warning is logged (at most one per ``log_every``
-    drops). With ``spool`` (a file path) the queue and the messages in flight are also written
-    there as JSON lines while the broker is failing, and a new Outbox with the same path
-    starts with those messages (so an outage that outlives a restart loses nothing but what
-    the bound drops, counted). Exceptions of ``send`` are caught; everything else propagates.
+    drops). With ``spool`` (a file path) every message is written there (a JSON line) *before* it
+    is handed to ``send`` and stays there until its delivery is confirmed, with the queue and the
+    messages in flight while the broker is failing; a new Outbox with the same path starts with
+    those messages. So neither an outage that outlives a restart nor a ``kill -9`` loses a message
+    but what the bound drops, counted. A message whose delivery was confirmed just before a
+    ``kill -9`` may be sent twice (at-least-once: the correlator folds a reading of the same GPU and
+    ``ts`` once). In steady state the spool holds the one or two messages in flight: one append per
+    message and a truncation when nothing is pending. Exceptions of ``send`` are caught; everything else propagates.
     With ``send_timeout_s`` a ``send`` that does not return in time (a producer whose buffer is
     full while the broker is down) counts as a failed delivery and the message is queued, so the
     caller (the collector's tick) never waits longer than that for one message.
@@ -168,6 +172,7 @@ class Outbox:
         """Settle the messages in flight whose delivery is done: delivered ones are forgotten,
         failed ones go back to the front of the queue in their order. Returns how many failed."""
         back: list[Item] = []
+        delivered_before = self.delivered
         keep: deque[tuple[Item, asyncio.Future[Any]]] = deque()
         for item, fut in self.inflight:
             if not fut.done():
@@ -189,8 +194,9 @@ class Outbox:
             self._events_queued = True
         while len(self.queue) > self.max_messages:  # the bound holds for returned messages too
             self._enqueue(*self.queue.pop())  # re-adding the newest drops one, by priority
-        if back or (self._spooled and not self.inflight):
-            self._dirty = True
+        delivered = self.delivered != delivered_before
+        if back or (self._spooled and (delivered or not self.inflight)):
+            self._dirty = True  # the spool holds exactly what is not confirmed
             self._save()
         return len(back)
 
@@ -234,6 +240,7 @@ class Outbox:
             self._enqueue(topic, key, value)
             self._save()
             return False
+        self._write_ahead((topic, key, value))
         if await self._send((topic, key, value)):
             return True
         self._enqueue(topic, key, value)
@@ -273,13 +280,29 @@ class Outbox:
             self._save()
         return failed
 
+    @staticmethod
+    def _line(item: Item) -> bytes:
+        topic, key, value = item
+        return orjson.dumps({"topic": topic, "key": key, "value": value.model_dump(mode="json")}) + b"\n"
+
+    def _write_ahead(self, item: Item) -> None:
+        """Append ``item`` to the spool before it is sent (the spool then holds what is pending
+        plus it); one append, no rewrite."""
+        if self.spool is None:
+            return
+        if self._dirty:
+            self._save()
+        with self.spool.open("ab") as f:
+            f.write(self._line(item))
+        self._spooled = True
+
     def _save(self) -> None:
         if self.spool is None or not self._dirty:
             return
         tmp = self.spool.with_suffix(".tmp")
         with tmp.open("wb") as f:
-            for topic, key, value in [i for i, _ in self.inflight] + list(self.queue):
-                f.write(orjson.dumps({"topic": topic, "key": key, "value": value.model_dump(mode="json")}) + b"\n")
+            for item in [i for i, _ in self.inflight] + list(self.queue):
+                f.write(self._line(item))
         tmp.replace(self.spool)
         self._dirty = False
         self._spooled = bool(self.inflight or self.queue)

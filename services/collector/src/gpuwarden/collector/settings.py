@@ -90,7 +90,9 @@ class CollectorSettings(ServiceSettings):
         10.0, ge=0, description="On stop, how long to wait for messages in flight to be confirmed, s"
     )
     collector_spool: Path | None = Field(
-        None, description="Optional file spooling the outage buffer (JSON lines), replayed after a restart"
+        None,
+        description="Optional file spooling every message until its delivery is confirmed (JSON lines, written "
+        "before the send), replayed after a restart or a kill -9",
     )
 
     @model_validator(mode="after")
