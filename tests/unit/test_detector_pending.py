@@ -469,3 +469,40 @@ def test_a_stage_from_a_snapshot_without_its_indexes_decides_the_same() -> None:
     stage.release([nojob], T0, explain, ctx)
     stage.release([nojob.model_copy(update={"job_id": "77", "last_seen": T0 + 1})], T0 + 1, explain, ctx)
     assert list(stage._index()) == [("partial-idle-allocation", "77")]
+
+
+def test_a_node_level_finding_is_handed_over_when_the_job_level_one_forms() -> None:
+    """Issue 24: one node of job 77 idles first (a node-level finding: 1 of 4 nodes); two more
+    follow within the window. They make a job-level finding that takes the first node over: the
+    node-level finding ends with a ``handed over`` evidence naming it, its GPUs are the job-level
+    finding's (costed, named), and its members' later versions go there."""
+    stage, explain, ctx = PendingStage(), load_catalog().explanations(), _Ctx(gpus=8, nodes=4)
+    first = _idle(["gpu-node-001"])
+    [node] = stage.release(first, T0 + 100, explain, ctx)
+    assert (node.node, node.gpu_index, node.state) == ("gpu-node-001", None, FailureState.OPEN)
+    out = stage.release(_idle(["gpu-node-002", "gpu-node-003"], first=T0 + 30), T0 + 200, explain, ctx)
+    assert [(f.failure_id == node.failure_id, f.state) for f in out] == [
+        (False, FailureState.OPEN), (True, FailureState.RESOLVED)]  # fmt: skip
+    job, ended = out
+    assert job.gpu_index is None and "gpu-node-[001-003]" in job.verdict and job.cost.affected_gpus == 12
+    assert [(e.signal, e.source) for e in ended.evidence if e.signal == "handed over"] == [
+        ("handed over", job.failure_id)]  # fmt: skip
+    assert stage.open_ids() == {job.failure_id}
+    # node 001's GPUs end: the job-level failure carries it; the node-level one stays ended
+    res = [m.model_copy(update={"state": FailureState.RESOLVED, "last_seen": T0 + 400}) for m in first]
+    out = stage.release(res, T0 + 400, explain, ctx)
+    assert {f.failure_id for f in out} <= {job.failure_id}
+    rest = [m.model_copy(update={"state": FailureState.RESOLVED, "last_seen": T0 + 500})
+            for m in _idle(["gpu-node-002", "gpu-node-003"], first=T0 + 30)]  # fmt: skip
+    out = stage.release(rest, T0 + 500, explain, ctx)
+    assert [(f.failure_id, f.state) for f in out][-1] == (job.failure_id, FailureState.RESOLVED)
+    assert stage.open_ids() == set()
+
+
+def test_a_node_level_finding_outside_the_window_is_not_handed_over() -> None:
+    stage, explain, ctx = PendingStage(), load_catalog().explanations(), _Ctx(gpus=8, nodes=4)
+    [node] = stage.release(_idle(["gpu-node-001"]), T0 + 100, explain, ctx)
+    # node 001's finding's span ends at T0 (its members' last_seen); T0 + 600 is past the 60 s window
+    out = stage.release(_idle(["gpu-node-002", "gpu-node-003"], first=T0 + 600), T0 + 800, explain, ctx)
+    assert [f.state for f in out] == [FailureState.OPEN] and out[0].failure_id != node.failure_id
+    assert stage.open_ids() == {node.failure_id, out[0].failure_id}

@@ -380,10 +380,66 @@ class PendingStage:
             for p in joining:
                 self._unhold(p)
             return self._join(gid, joining, ctx)
-        need = max(2, math.ceil(ex.job_share * max(ctx.nodes_in_job(job), len(by_node))))
-        if f.node not in full or len(full) < need:
+        # nodes whose GPUs already went out as a node-level failure of this rule and job (their
+        # candidates came earlier) count too, and the job-level failure takes them over
+        earlier = [g for g in self._open_groups(f, w, "node") if self.groups[g].failure.node not in full]  # type: ignore[union-attr]
+        nodes = full | {self.groups[g].failure.node for g in earlier}  # type: ignore[union-attr]
+        need = max(2, math.ceil(ex.job_share * max(ctx.nodes_in_job(job), len(by_node), len(nodes))))
+        if f.node not in full or len(nodes) < need:
             return None
-        return self._new_group([p for p in peers if self.held[p].latest_open.node in full], ctx, "job")
+        handed = [g for g in self._open_groups(f, w, "node") if g not in earlier] + earlier
+        out = self._new_group([p for p in peers if self.held[p].latest_open.node in full], ctx, "job")
+        if not handed or out[-1].state is not FailureState.OPEN:
+            return out
+        # its first version (just built) goes out with the members taken over, then their ends
+        ended = self._hand_over(handed, out[-1].failure_id)
+        return self._group_emit(out[-1].failure_id, ctx, force=True) + ended
+
+    def _open_groups(self, f: Failure, w: float, scope: str) -> list[str]:
+        """Every open group of ``scope`` with ``f``'s rule and job whose span is within ``w`` of
+        ``f``'s first seen, whatever its node."""
+        out = []
+        for gid, grp in self.groups.items():
+            g = grp.failure
+            if (
+                g is not None
+                and grp.scope == scope
+                and g.rule_id == f.rule_id
+                and g.job_id == f.job_id
+                and g.state is FailureState.OPEN
+                and g.first_seen - w <= f.first_seen <= g.last_seen + w
+            ):
+                out.append(gid)
+        return out
+
+    def _hand_over(self, gids: list[str], job_gid: str) -> list[Failure]:
+        """The node-level failures ``gids`` (published open) end, handed over to the new job-level
+        failure ``job_gid``: their members are its members from now on (their later versions go
+        to it), and each ends with a ``handed over`` evidence naming it, so one root cause and scope
+        stays one open finding and every ``open`` published gets its end. Returns those ends."""
+        jg = self.groups[job_gid]
+        out: list[Failure] = []
+        for gid in gids:
+            grp = self.groups[gid]
+            old = grp.failure
+            assert old is not None
+            for fid, m in grp.members.items():
+                jg.put(m)
+                self.member_of[fid] = job_gid
+            note = Evidence(signal="handed over", value=f"job-level failure of job {old.job_id}", unit=None,
+                            threshold=None, ts=jg.newest or old.last_seen, source=job_gid)  # fmt: skip
+            ended = old.model_copy(
+                update={
+                    "state": FailureState.RESOLVED,
+                    "last_seen": max(old.last_seen, jg.newest),
+                    "evidence": [*old.evidence[-(MAX_EVIDENCE - 1) :], note],
+                }
+            )
+            grp.failure, grp.members, grp.resolved = ended, {}, 0
+            self.latest[gid] = ended
+            if gid in self.published:
+                out.append(self._out(ended))
+        return out
 
     def _open_group(self, f: Failure, w: float, scope: str) -> str | None:
         """The open group of ``scope`` (``node``: also ``f``'s node) with ``f``'s rule and job
