@@ -4,7 +4,7 @@ collector, slurm-watcher or health check writes, and one or two values no real o
 Each record is a real record of the topic (built from the models) with values replaced from the
 hostile sets below: event-time extremes (``1e308``, past 2100, negative, a day and a year ahead
 of the wall clock), node names with shell, control, bidirectional and non-ASCII characters or
-10,000 characters long, 65-10,000 GPUs, GPU indices past 63, NVLink and process lists past their
+10,000 characters long, integers past 64 bits, 65-10,000 GPUs, GPU indices past 63, NVLink and process lists past their
 bounds, job ids with shell characters, UUIDs and PCI bus ids with newlines, kernel lines past
 4,096 characters. Deterministic for a seed. Every one of them is outside the topic's contract
 (:mod:`gpuwarden.shared.contract`): a reader with progress near ``now`` refuses it.
@@ -12,6 +12,7 @@ bounds, job ids with shell characters, UUIDs and PCI bus ids with newlines, kern
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -40,6 +41,8 @@ HOSTILE_NAMES = (
 )
 HOSTILE_TEXT = ("a\x00b", "line\nINFO forged", "\x1b[2J", "\u202eevil", "x" * 300)
 HOSTILE_TOKENS = ("GPU-1\n$(id)", "0000:44:00.0; reboot", "", "x" * 200, "a b", "\u202e")
+#: integers past 64 bits (JSON has no bound; orjson, OTLP and the models' Int64 do)
+HOSTILE_INTS = (2**64, 2**70, -(2**70))
 HOSTILE_JOB_IDS = ("1; rm -rf /", "$(id)", "7\n8", "", "1" * 30, "123_[$(id)]", "-1")
 
 
@@ -138,21 +141,24 @@ HOSTILE_TOPICS: dict[str, tuple[Callable[[float], dict[str, Any]], tuple[Mutatio
         _sample,
         (_ts(), _set("node", HOSTILE_NAMES), _many_gpus, _gpu("index", (64, 10**9, -1)),
          _gpu("uuid", HOSTILE_TOKENS), _gpu("pci_bus_id", HOSTILE_TOKENS), _gpu("name", HOSTILE_TEXT), _lists,
-         _set("collector_id", HOSTILE_TOKENS)),
+         _set("collector_id", HOSTILE_TOKENS), _gpu("ecc_sbe_volatile", HOSTILE_INTS),
+         _gpu("pcie_replay_count", HOSTILE_INTS)),
     ),
     "gpu.events": (
         _event,
         (_ts(), _set("node", HOSTILE_NAMES), _set("raw", ("r" * 5000,)), _set("message", ("m" * 5000,)),
-         _set("pci_bus_id", HOSTILE_TOKENS), _set("gpu_uuid", HOSTILE_TOKENS), _set("event_id", HOSTILE_TOKENS)),
+         _set("pci_bus_id", HOSTILE_TOKENS), _set("gpu_uuid", HOSTILE_TOKENS), _set("event_id", HOSTILE_TOKENS),
+         _set("caused_by_xid", HOSTILE_INTS), _set("pid", HOSTILE_INTS)),
     ),
     "slurm.jobs": (
         _job,
-        (_ts(), _ts("start_ts"), _ts("end_ts"), _set("job_id", HOSTILE_JOB_IDS), _job_nodes),
+        (_ts(), _ts("start_ts"), _ts("end_ts"), _set("job_id", HOSTILE_JOB_IDS), _job_nodes,
+         _set("exit_code", HOSTILE_INTS)),
     ),
     "slurm.nodes": (
         _node,
         (_ts(), _ts("reason_ts"), _set("node", HOSTILE_NAMES), _set("reason", ("r" * 5000,)),
-         _set("gpus_used_idx", ([64], [10**6], list(range(65))))),
+         _set("gpus_used_idx", ([64], [10**6], list(range(65)))), _set("cpus", HOSTILE_INTS)),
     ),
     "health": (
         _health,
@@ -176,4 +182,7 @@ def hostile_records(topic: str, n: int, now: float, seed: int = 25) -> Iterator[
         d = base(now)
         for m in rng.sample(mutations, k=1 if rng.random() < 0.7 else 2):
             m(d, rng, now)
-        yield orjson.dumps(d)
+        try:
+            yield orjson.dumps(d)
+        except TypeError:  # an integer past 64 bits: what another language's producer can write
+            yield json.dumps(d, separators=(",", ":")).encode()

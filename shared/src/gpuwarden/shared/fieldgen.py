@@ -36,7 +36,7 @@ BEGIN = "    # generated: fields.csv (python -m gpuwarden.shared.fieldgen), list
 END = "    # end generated: fields.csv"
 #: ``ruff format``'s line length (``pyproject.toml``): a declaration is laid out as ruff would.
 LINE_LENGTH = 120
-_PY_TYPE = {"float": "float", "int": "int", "bool": "bool", "str": "str"}
+_PY_TYPE = {"float": "float", "int": "Int64", "bool": "bool", "str": "str"}
 _STR_TYPE = {"token": "Token", "text": "Text", "": "str"}
 
 
@@ -53,8 +53,9 @@ def render_field(f: FieldSpec) -> str:
     for b in (f.ge, f.le):
         if b and not b[0].isdigit() and b[0] != "-" and not isinstance(getattr(models, b, None), int | float):
             raise ValueError(f"{f.field}: bound {b!r} is not a number constant of gpuwarden.shared.models")
-    py = _STR_TYPE[f.str_kind] if f.type == "str" else _PY_TYPE[f.type]
     key = f.field == KEY_FIELD
+    # the key is not optional: its own bounds (models.Int64 would override them)
+    py = _STR_TYPE[f.str_kind] if f.type == "str" else "int" if key and f.type == "int" else _PY_TYPE[f.type]
     args = [] if key else ["None"]
     args += [f"ge={f.ge}"] * bool(f.ge) + [f"le={f.le}"] * bool(f.le)
     args += [f'description="{f.description}"'] * bool(f.description)

@@ -189,12 +189,19 @@ NodeName = Annotated[str, Field(pattern=NODE_NAME_PATTERN, max_length=64, descri
 JobId = Annotated[str, Field(pattern=JOB_ID_PATTERN, max_length=240, description="Slurm job id (array tasks as 123_4)")]
 Token = Annotated[str, Field(pattern=TOKEN_PATTERN, max_length=128)]
 GpuIndex = Annotated[int, Field(ge=0, le=MAX_GPU_INDEX)]
+#: Every integer of a message: a signed 64-bit one (what orjson, OTLP and most JSON readers
+#: hold). Found by the property test of the schemas: a count of 2**70 passed the edge and then
+#: failed every service that wrote the record again (orjson: "Integer exceeds 64-bit range").
+#: (In a field that has ``Field(...)`` bounds of its own and is not optional, pydantic lets the
+#: annotation's bounds override the field's: such a field is ``int`` with ``le=MAX_INT``.)
+MAX_INT = 2**63 - 1
+Int64 = Annotated[int, Field(ge=-(2**63), le=MAX_INT)]
 #: Free text from a tool (product names, check names, Slurm state words): one line, bounded, no
 #: control or bidirectional formatting characters.
 Text = Annotated[str, Field(max_length=256, pattern=r"^[^\x00-\x1f\x7f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]*$")]
 #: A value of the per-link and per-process records of a GPU (``nvlinks``, ``processes``): a JSON
 #: scalar (finite like every number of a message), never an object or list.
-JsonScalar = bool | int | float | str | None
+JsonScalar = bool | Int64 | float | str | None
 
 
 class GpuSample(Model):
@@ -234,14 +241,14 @@ class GpuSample(Model):
         description="Active clock event (throttle) reasons, NVML names without prefix, "
         "e.g. sw_thermal_slowdown, hw_power_brake_slowdown, sw_power_cap; idle is reported as gpu_idle",
     )
-    ecc_sbe_volatile: int | None = Field(None, ge=0, description="Correctable ECC errors since driver load, count")
-    ecc_dbe_volatile: int | None = Field(None, ge=0, description="Uncorrectable ECC errors since driver load, count")
-    retired_pages: int | None = Field(None, ge=0, description="Retired pages (SBE+DBE), count")
+    ecc_sbe_volatile: Int64 | None = Field(None, ge=0, description="Correctable ECC errors since driver load, count")
+    ecc_dbe_volatile: Int64 | None = Field(None, ge=0, description="Uncorrectable ECC errors since driver load, count")
+    retired_pages: Int64 | None = Field(None, ge=0, description="Retired pages (SBE+DBE), count")
     remapped_rows_pending: bool | None = Field(None, description="A row remap is pending a GPU reset")
     remapped_rows_failure: bool | None = Field(None, description="A row remap failed")
-    pcie_replay_count: int | None = Field(None, ge=0, description="PCIe replay counter (monotonic), count")
-    pcie_link_gen: int | None = Field(None, ge=0, description="Current PCIe link generation")
-    pcie_link_width: int | None = Field(None, ge=0, description="Current PCIe link width, lanes")
+    pcie_replay_count: Int64 | None = Field(None, ge=0, description="PCIe replay counter (monotonic), count")
+    pcie_link_gen: Int64 | None = Field(None, ge=0, description="Current PCIe link generation")
+    pcie_link_width: Int64 | None = Field(None, ge=0, description="Current PCIe link width, lanes")
     energy_j: float | None = Field(None, ge=0, description="Energy since driver load, J")
     serial: Token | None = Field(None, description="Board serial number")
     vbios_version: str | None = None
@@ -253,18 +260,22 @@ class GpuSample(Model):
     graphics_clock_mhz: float | None = Field(None, ge=0, description="Graphics clock, MHz")
     max_memory_clock_mhz: float | None = Field(None, ge=0, description="Maximum memory clock, MHz")
     max_graphics_clock_mhz: float | None = Field(None, ge=0, description="Maximum graphics clock, MHz")
-    performance_state: int | None = Field(None, ge=0, le=32, description="Performance state N of PN (0 = P0)")
-    ecc_sbe_aggregate: int | None = Field(None, ge=0, description="Correctable ECC errors, lifetime, count")
-    ecc_dbe_aggregate: int | None = Field(None, ge=0, description="Uncorrectable ECC errors, lifetime, count")
-    retired_pages_sbe: int | None = Field(None, ge=0, description="Pages retired for multiple single-bit errors, count")
-    retired_pages_dbe: int | None = Field(None, ge=0, description="Pages retired for double-bit errors, count")
+    performance_state: Int64 | None = Field(None, ge=0, le=32, description="Performance state N of PN (0 = P0)")
+    ecc_sbe_aggregate: Int64 | None = Field(None, ge=0, description="Correctable ECC errors, lifetime, count")
+    ecc_dbe_aggregate: Int64 | None = Field(None, ge=0, description="Uncorrectable ECC errors, lifetime, count")
+    retired_pages_sbe: Int64 | None = Field(
+        None, ge=0, description="Pages retired for multiple single-bit errors, count"
+    )
+    retired_pages_dbe: Int64 | None = Field(None, ge=0, description="Pages retired for double-bit errors, count")
     retired_pages_pending: bool | None = Field(None, description="A page retirement waits for a reboot")
-    remapped_rows_correctable: int | None = Field(None, ge=0, description="Rows remapped for correctable errors, count")
-    remapped_rows_uncorrectable: int | None = Field(
+    remapped_rows_correctable: Int64 | None = Field(
+        None, ge=0, description="Rows remapped for correctable errors, count"
+    )
+    remapped_rows_uncorrectable: Int64 | None = Field(
         None, ge=0, description="Rows remapped for uncorrectable errors, count"
     )
-    pcie_link_gen_max: int | None = Field(None, ge=0, description="Maximum PCIe link generation")
-    pcie_link_width_max: int | None = Field(None, ge=0, description="Maximum PCIe link width, lanes")
+    pcie_link_gen_max: Int64 | None = Field(None, ge=0, description="Maximum PCIe link generation")
+    pcie_link_width_max: Int64 | None = Field(None, ge=0, description="Maximum PCIe link width, lanes")
     pcie_tx_kbps: float | None = Field(None, ge=0, description="PCIe transmit throughput, KB/s")
     pcie_rx_kbps: float | None = Field(None, ge=0, description="PCIe receive throughput, KB/s")
     fan_speed_pct: float | None = Field(None, ge=0, description="Fan speed, % of maximum (NVML: may exceed 100)")
@@ -281,7 +292,7 @@ class GpuSample(Model):
         "(C compute, G graphics, C+G, M MPS, as printed) and process_name; NVML lists compute processes only",
     )
     mig_mode: bool | None = Field(None, description="MIG mode currently enabled")
-    mig_instances: int | None = Field(None, ge=0, description="MIG GPU instances present, count")
+    mig_instances: Int64 | None = Field(None, ge=0, description="MIG GPU instances present, count")
     sm_occupancy_pct: float | None = Field(None, ge=0, le=100, description="GPM SM occupancy (Hopper+), %")
     tensor_activity_pct: float | None = Field(None, ge=0, le=100, description="GPM tensor pipe activity (Hopper+), %")
     # end generated: fields.csv
@@ -318,28 +329,32 @@ class GpuEvent(Model):
     node: NodeName
     ts: Ts
     kind: EventKind
-    code: int | None = Field(None, description="XID or SXID number")
-    gpu_index: int | None = Field(None, ge=0, description="Resolved GPU index, None if unknown")
+    code: Int64 | None = Field(None, description="XID or SXID number")
+    gpu_index: Int64 | None = Field(None, ge=0, description="Resolved GPU index, None if unknown")
     pci_bus_id: Token | None = Field(None, description="PCI bus id DDDD:BB:DD.F lower-case")
     gpu_uuid: Token | None = None
-    pid: int | None = Field(None, description="Process id printed with the XID, if any")
+    pid: Int64 | None = Field(None, description="Process id printed with the XID, if any")
     process_name: str | None = None
     message: str = Field("", max_length=MAX_LINE_CHARS, description="The driver's text after the code")
     raw: str = Field(max_length=MAX_LINE_CHARS, description="The original log line, unchanged")
     source: Token = Field(description="kmsg, nvml-event, replay, simulated")
-    channel: int | None = Field(None, description="GPU channel printed with the XID (``Ch 0000000c``/``channel 0x0c``)")
+    channel: Int64 | None = Field(
+        None, description="GPU channel printed with the XID (``Ch 0000000c``/``channel 0x0c``)"
+    )
     fatal: bool | None = Field(
         None, description="True for a Fatal, False for a Non-fatal/Nonfatal token; None if absent"
     )
-    caused_by_xid: int | None = Field(None, description="The XID a secondary XID names as its cause, if printed")
+    caused_by_xid: Int64 | None = Field(None, description="The XID a secondary XID names as its cause, if printed")
     severity: Severity | None = Field(
         None, description="Severity of the code in the XID table (gpuwarden.shared.nvidia.xids); None if not looked up"
     )
-    nvswitch_index: int | None = Field(None, ge=0, description="N of the nvidia-nvswitchN device that printed an SXID")
-    sub_code: int | None = Field(
+    nvswitch_index: Int64 | None = Field(
+        None, ge=0, description="N of the nvidia-nvswitchN device that printed an SXID"
+    )
+    sub_code: Int64 | None = Field(
         None, ge=0, description="NVLink XID 144-150: sub-code, bits 20-25 of the first register word (intrinfo)"
     )
-    link: int | None = Field(None, ge=0, description="NVLink/NVSwitch link number printed with the event")
+    link: Int64 | None = Field(None, ge=0, description="NVLink/NVSwitch link number printed with the event")
 
 
 class JobState(Model):
@@ -355,11 +370,14 @@ class JobState(Model):
     partition: str | None = None
     nodes: list[NodeName] = Field(default_factory=list, max_length=MAX_NODES_PER_JOB, description="Expanded node names")
     gpus: dict[NodeName, list[GpuIndex]] = Field(
-        default_factory=dict, description="GPU indices allocated on each node (from scontrol -d IDX)"
+        default_factory=dict,
+        description="GPU indices allocated on each node (from scontrol -d IDX)",
+        # pydantic's schema constrains only the keys that match the pattern: say the model's rule
+        json_schema_extra={"propertyNames": {"pattern": NODE_NAME_PATTERN, "maxLength": 64}},
     )
     start_ts: OptTs = Field(None, description="Job start, epoch s")
     end_ts: OptTs = Field(None, description="Job end (or time limit end while running), epoch s")
-    exit_code: int | None = None
+    exit_code: Int64 | None = None
     snapshot: bool = Field(False, description="True when part of a periodic full snapshot")
     submit_ts: OptTs = Field(None, description="Job submission, epoch s")
     reason: str | None = Field(None, description="Slurm's state reason (pending reason, NonZeroExitCode...)")
@@ -382,12 +400,13 @@ class SlurmWatermark(Model):
     schema_version: Literal[1] = SCHEMA_VERSION
     cluster: str = Field(pattern=r"^[A-Za-z0-9._-]{1,100}$", description="slurm-watcher cluster name")
     ts: Ts = Field(description="Event time up to which the view is complete: the poll's observation time, epoch s")
-    jobs_offsets: dict[int, int] = Field(
+    jobs_offsets: dict[Annotated[int, Field(ge=0, le=999_999_999)], Int64] = Field(
         default_factory=dict,
+        json_schema_extra={"propertyNames": {"pattern": r"^[0-9]{1,9}$"}},  # JSON keys: the partition number
         description="slurm.jobs partition -> offset after the last record of this view written there "
         "(partitions the watcher never wrote to are absent)",
     )
-    polls: int = Field(0, ge=0, description="Polls of the watcher that published it (since its start)")
+    polls: int = Field(0, ge=0, le=MAX_INT, description="Polls of the watcher that published it (since its start)")
 
 
 class NodeState(Model):
@@ -406,8 +425,8 @@ class NodeState(Model):
     gres: str | None = Field(None, description="Configured GRES, e.g. gpu:8")
     gres_used: str | None = Field(None, description="GRES in use, e.g. gpu:4(IDX:0-3)")
     partitions: list[str] = Field(default_factory=list)
-    cpus: int | None = Field(None, ge=0, description="Configured CPUs of the node (CPUTot / cpus), count")
-    alloc_cpus: int | None = Field(None, ge=0, description="CPUs allocated to jobs (CPUAlloc / alloc_cpus), count")
+    cpus: Int64 | None = Field(None, ge=0, description="Configured CPUs of the node (CPUTot / cpus), count")
+    alloc_cpus: Int64 | None = Field(None, ge=0, description="CPUs allocated to jobs (CPUAlloc / alloc_cpus), count")
     gpus_used_idx: list[GpuIndex] | None = Field(
         None,
         max_length=MAX_GPUS_PER_NODE,
@@ -429,13 +448,13 @@ Attribution = Literal["known", "unknown"]
 class GpuAttribution(Model):
     """Which Slurm job held one GPU at the time of a sample or event."""
 
-    gpu_index: int = Field(ge=0)
+    gpu_index: int = Field(ge=0, le=MAX_GPU_INDEX)
     job_id: str
     user: str | None = None
     account: str | None = None
     partition: str | None = None
     job_start_ts: float | None = None
-    job_gpus: int | None = Field(None, description="Total GPUs of the job across its nodes")
+    job_gpus: Int64 | None = Field(None, description="Total GPUs of the job across its nodes")
 
 
 class AttributedSample(Model):
@@ -477,14 +496,14 @@ class JobWindow(Model):
     schema_version: Literal[1] = SCHEMA_VERSION
     job_id: str
     node: str
-    gpu_index: int = Field(ge=0)
+    gpu_index: int = Field(ge=0, le=MAX_GPU_INDEX)
     gpu_uuid: str | None = None
     user: str | None = None
     partition: str | None = None
-    job_gpus: int | None = Field(None, description="Total GPUs of the job across its nodes")
+    job_gpus: Int64 | None = Field(None, description="Total GPUs of the job across its nodes")
     window_start: float = Field(description="Window start, epoch s (event time, inclusive)")
     window_end: float = Field(description="Window end, epoch s (event time, exclusive)")
-    samples: int = Field(ge=0, description="Samples of this GPU in the window, count")
+    samples: int = Field(ge=0, le=MAX_INT, description="Samples of this GPU in the window, count")
     utilization_gpu_pct_mean: float | None = Field(None, description="Mean GPU utilisation, %")
     utilization_gpu_pct_min: float | None = Field(None, description="Minimum GPU utilisation, %")
     utilization_gpu_pct_max: float | None = Field(None, description="Maximum GPU utilisation, %")
@@ -501,8 +520,8 @@ class JobWindow(Model):
     throttle_reasons: list[str] = Field(default_factory=list, description="Throttle reasons seen in the window")
     tensor_activity_pct_mean: float | None = Field(None, description="Mean tensor pipe activity, %")
     sm_occupancy_pct_mean: float | None = Field(None, description="Mean SM occupancy, %")
-    processes_max: int | None = Field(None, ge=0, description="Most compute processes seen at once, count")
-    stream_partition: int | None = Field(
+    processes_max: Int64 | None = Field(None, ge=0, description="Most compute processes seen at once, count")
+    stream_partition: Int64 | None = Field(
         None, ge=0, description="The gpu.samples partition of the node's samples (the correlator's input)"
     )
     stream_ts: float | None = Field(
@@ -548,9 +567,11 @@ class Evidence(Model):
     """One observation supporting a failure."""
 
     signal: str = Field(description="What was observed, e.g. xid, temperature_c")
-    value: int | float | str = Field(description="The observed value, in ``unit``")
+    value: Int64 | float | str = Field(description="The observed value, in ``unit``")
     unit: str | None = Field(None, description="Unit of value: W, C, MHz, MiB, %, count, s")
-    threshold: int | float | str | None = Field(None, description="The limit the value was compared with, in ``unit``")
+    threshold: Int64 | float | str | None = Field(
+        None, description="The limit the value was compared with, in ``unit``"
+    )
     ts: Ts
     source: str = Field(description="Where it came from: the raw log line, topic or tool")
 
@@ -558,7 +579,7 @@ class Evidence(Model):
 class CostEstimate(Model):
     """What the failure costs, at the configured price per GPU-hour."""
 
-    affected_gpus: int = Field(ge=0, description="GPUs whose work is lost or stalled")
+    affected_gpus: int = Field(ge=0, le=MAX_INT, description="GPUs whose work is lost or stalled")
     usd_per_hour: float = Field(ge=0, description="affected_gpus x price per GPU-hour, USD/h")
     gpu_hours_lost: float = Field(ge=0, description="GPU-hours lost so far (affected GPUs x episode length)")
 
@@ -573,7 +594,7 @@ class Failure(Model):
     category: Category
     severity: Severity
     node: str
-    gpu_index: int | None = None
+    gpu_index: Int64 | None = None
     gpu_uuid: str | None = None
     pci_bus_id: str | None = None
     job_id: str | None = None
@@ -582,7 +603,7 @@ class Failure(Model):
     first_seen: Ts
     last_seen: Ts
     state: FailureState = FailureState.OPEN
-    occurrences: int = Field(1, ge=1, description="Matching signals folded into this episode")
+    occurrences: int = Field(1, ge=1, le=MAX_INT, description="Matching signals folded into this episode")
     evidence: list[Evidence] = Field(default_factory=list)
     verdict: str = Field(description="One sentence")
     cannot_determine: list[str] = Field(default_factory=list, description="What the data cannot tell")
@@ -616,7 +637,7 @@ class Remediation(Model):
     decision: RemediationDecision
     reason: str = Field(description="Why this decision was taken")
     failure_ids: list[str] = Field(default_factory=list)
-    exit_code: int | None = None
+    exit_code: Int64 | None = None
     output: str | None = Field(None, description="stdout+stderr of the command, truncated")
     intent_id: str | None = Field(
         None, description="Links an intent and its outcome: the remediation_id of the intent (decision 'intent')"
@@ -644,12 +665,12 @@ class DeadLetter(Model):
     schema_version: Literal[1] = SCHEMA_VERSION
     service: str
     source_topic: str
-    partition: int
-    offset: int
+    partition: Int64
+    offset: Int64
     key: str | None = None
     value_b64: str = Field(description="The original value bytes, base64 (only a prefix when truncated)")
     error: str = Field(description="Why it was rejected")
-    value_size: int | None = Field(None, ge=0, description="Size of the original value, bytes")
+    value_size: Int64 | None = Field(None, ge=0, description="Size of the original value, bytes")
     truncated: bool = Field(
         False, description="True: the value was too large to carry; value_b64 is its first bytes only (by reference)"
     )
@@ -690,9 +711,9 @@ class ReportGpu(Model):
     """One GPU of a job over the report's span (from ``job.windows``)."""
 
     node: str
-    gpu_index: int = Field(ge=0)
+    gpu_index: int = Field(ge=0, le=MAX_GPU_INDEX)
     gpu_uuid: str | None = None
-    windows: int = Field(ge=0, description="Job windows seen for this GPU, count")
+    windows: int = Field(ge=0, le=MAX_INT, description="Job windows seen for this GPU, count")
     observed_s: float = Field(ge=0, description="Seconds of the allocation covered by windows, s")
     busy_pct: float | None = Field(None, ge=0, le=100, description="Busy share of this GPU's allocated time, %")
     utilization_gpu_pct_mean: float | None = Field(None, description="Mean GPU utilisation, %")
@@ -719,7 +740,7 @@ class ReportFinding(Model):
     severity: Severity
     side: Side = Field(description="hardware/driver/infrastructure: cluster; application/efficiency: job")
     node: str
-    gpu_index: int | None = None
+    gpu_index: Int64 | None = None
     state: FailureState
     onset_ts: Ts = Field(description="Start of the episode: the earliest evidence, else first_seen")
     first_seen: Ts
@@ -750,8 +771,8 @@ class JobReport(Model):
     state: str = Field(description="Slurm state when the report was built (UNKNOWN: no slurm.jobs record seen)")
     final: bool = Field(description="True when the job (or this run of a requeued job) has ended")
     nodes: list[str] = Field(default_factory=list)
-    gpus: dict[str, list[int]] = Field(default_factory=dict, description="GPU indices per node")
-    gpu_count: int = Field(ge=0)
+    gpus: dict[str, list[Int64]] = Field(default_factory=dict, description="GPU indices per node")
+    gpu_count: int = Field(ge=0, le=MAX_INT)
     start_ts: Ts = Field(description="Start of the span: the job's start, else its first window")
     end_ts: float | None = Field(None, description="End of the job (or requeue), epoch s; None while it runs")
     as_of: Ts = Field(description="End of the span covered: end_ts, else the last window's end")
@@ -767,7 +788,7 @@ class JobReport(Model):
     tensor_activity_pct_mean: float | None = Field(
         None, description="The MFU proxy: mean tensor pipe activity over the GPUs reporting it, %; None: none did"
     )
-    tensor_activity_gpus: int = Field(0, ge=0, description="GPUs that reported tensor activity, count")
+    tensor_activity_gpus: int = Field(0, ge=0, le=MAX_INT, description="GPUs that reported tensor activity, count")
     per_gpu: list[ReportGpu] = Field(default_factory=list)
     findings: list[ReportFinding] = Field(default_factory=list)
     side: Literal["job", "cluster", "both", "none"] = Field(description="Whose the waste is, from the findings")
