@@ -14,6 +14,7 @@ import pynvml
 import pytest
 
 from gpuwarden.collector.sources import NvmlSource
+from gpuwarden.shared.fields import FIELDS
 from gpuwarden.shared.models import EventKind, GpuSample, NodeSample
 from gpuwarden.shared.nvidia.kernel_log import parse_kernel_log_line
 from gpuwarden.shared.scenario import FAULT_KINDS, PROFILES, Scenario, ScenarioClock
@@ -618,22 +619,25 @@ def test_the_fake_nvml_answers_every_call_of_the_field_registry() -> None:
     fake = FakeNvml(scen(jobs=[job()]), ScenarioClock(START), NODE)
     fake.t = 10.0
     h = fake.nvmlDeviceGetHandleByIndex(0)
-    unmodelled = sorted(c for c in REGISTRY_CALLS if (vars(FakeNvml)[c].__doc__ or "").startswith("A registry call"))
-    assert unmodelled == ["nvmlDeviceGetMigDeviceHandleByIndex"]  # MIG is off on every simulated GPU
+    unmodelled = {c for c in REGISTRY_CALLS if (vars(FakeNvml)[c].__doc__ or "").startswith("A registry call")}
+    assert "nvmlDeviceGetMigDeviceHandleByIndex" in unmodelled  # MIG is off on every simulated GPU
     for c in REGISTRY_CALLS:
         assert callable(getattr(fake, c)), c
-    with pytest.raises(pynvml.NVMLError) as exc:
-        fake.nvmlDeviceGetMigDeviceHandleByIndex(h, 0)
-    assert exc.value.value == pynvml.NVML_ERROR_NOT_SUPPORTED
+    for c in unmodelled:
+        with pytest.raises(pynvml.NVMLError) as exc:
+            getattr(fake, c)(h, 0)
+        assert exc.value.value == pynvml.NVML_ERROR_NOT_SUPPORTED
     assert not hasattr(fake, "nvmlDeviceGetNoSuchCall")  # only the registry's calls
-    # every scalar row the fake models reaches the simulated sample
+    # every scalar row the fake models reaches the simulated sample; a row whose call it does not
+    # model (a field just added to fields.csv) or without an NVML call is absent, as on a real GPU
+    # without the feature
     gpu = at(scen(jobs=[job()]), 10.0).gpus[0]
-    absent = sorted(f for f, v in gpu.model_dump().items() if v is None)
-    assert absent == sorted([
+    absent = {f for f, v in gpu.model_dump().items() if v is None}
+    not_read = {f.field for f in FIELDS if f.nvml_read is None or f.nvml_read.call in unmodelled}
+    expected = {
         "fan_speed_pct",  # SXM: no fan of its own (NOT_SUPPORTED)
         "memory_reserved_mib",  # nvmlMemory_t (v1) has no reserved
-        "memory_temperature_c", "power_instant_w",  # no NVML call in the registry
-        "mig_instances",  # MIG off
         "retired_pages", "retired_pages_dbe", "retired_pages_pending", "retired_pages_sbe",  # HBM: rows remap
         "vbios_version",  # sent on a GPU's first sample only
-    ])  # fmt: skip
+    }  # fmt: skip
+    assert absent - not_read == expected

@@ -17,6 +17,7 @@ from gpuwarden.otlp_bridge import OtlpBridge
 from gpuwarden.otlp_bridge.catalog import CATALOG, load_catalog
 from gpuwarden.otlp_bridge.encoder import MetricEncoder
 from gpuwarden.otlp_bridge.metrics import OTEL_SHARED_DESCRIPTIONS
+from gpuwarden.shared.fields import FIELDS
 from gpuwarden.shared.models import (
     Action,
     AttributedEvent,
@@ -49,6 +50,9 @@ FULL: dict[str, Any] = dict(
     retired_pages_pending=False, remapped_rows_correctable=6, remapped_rows_uncorrectable=0,
     remapped_rows_failure=False, remapped_rows_pending=False,
 )  # fmt: skip
+# and every field the registry exports as an OTel metric of its own (a row added to fields.csv
+# with otel_name is exported without an edit here)
+FULL |= {f.field: {"float": 1.0, "int": 1, "bool": True}[f.type] for f in FIELDS if f.otel_name and f.field not in FULL}
 
 
 def fed_bridge(naming: str, readers: Any = ()) -> OtlpBridge:

@@ -19,8 +19,9 @@ nvml           the nvidia-ml-py call the NVML source reads the field with: ``FUN
                handle's extra arguments as pynvml constant names in parentheses
                (``nvmlDeviceGetClockInfo(NVML_CLOCK_SM)``), then an attribute (``.used``) or an
                item (``[2]``) of the answer; calls shared by rows are made once per GPU and tick.
-               The source reads a scalar row generically by ``type`` (``nvml_source.NVML_IN_CODE``
-               lists those read in code: the handle, bus id, bitmasks, lists, GPM, MIG)
+               The source reads a scalar row generically by ``type``
+               (``gpuwarden.collector.sources.nvml.NVML_IN_CODE`` lists those read in code: the
+               handle, bus id, bitmasks, lists, GPM, MIG)
 nvml_scale     factor from NVML's unit to the model's (``nvmlDeviceGetPowerUsage`` mW -> W: 0.001)
 nvml_static    ``yes``: a reading that does not change while the driver is loaded (name, serial,
                maximum clocks): read once per GPU and kept (``NvmlSource`` says when it is re-read)
