@@ -444,17 +444,9 @@ class PendingStage:
     def _open_group(self, f: Failure, w: float, scope: str) -> str | None:
         """The open group of ``scope`` (``node``: also ``f``'s node) with ``f``'s rule and job
         whose span is within ``w`` of ``f``'s first seen."""
-        for gid, grp in self.groups.items():
-            g = grp.failure
-            if (
-                g is not None
-                and grp.scope == scope
-                and g.rule_id == f.rule_id
-                and (scope == "job" or g.node == f.node)
-                and g.job_id == f.job_id
-                and g.state is FailureState.OPEN
-                and g.first_seen - w <= f.first_seen <= g.last_seen + w
-            ):
+        for gid in self._open_groups(f, w, scope):
+            g = self.groups[gid].failure
+            if scope == "job" or (g is not None and g.node == f.node):
                 return gid
         return None
 
