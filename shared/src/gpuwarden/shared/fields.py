@@ -87,7 +87,6 @@ __all__ = [
     "UNITS",
     "FieldSpec",
     "FieldType",
-    "NvmlField",
     "NvmlRead",
     "SmiKind",
     "by_dcgm",
@@ -96,7 +95,6 @@ __all__ = [
     "dcgm_write_fields",
     "dmon_columns",
     "load_fields",
-    "nvml_fields",
     "parse_nvml",
     "smi_q_fields",
     "smi_query_fields",
@@ -457,23 +455,3 @@ def dmon_columns(fields: Iterable[FieldSpec] = FIELDS) -> dict[str, tuple[str, f
     """``nvidia-smi dmon`` column -> (``GpuSample`` field, factor from dmon's unit to the
     model's), every row with ``dmon`` but the GPU key ``index`` (dmon's ``gpu`` column)."""
     return {f.dmon: (f.field, f.dmon_scale or 1.0) for f in fields if f.dmon and f.field != KEY_FIELD}
-
-
-class NvmlField(NamedTuple):
-    """What the NVML source reads for one scalar row (:func:`nvml_fields`)."""
-
-    field: str
-    type: FieldType
-    read: NvmlRead
-    scale: float | None
-    static: bool
-
-
-def nvml_fields(fields: Iterable[FieldSpec] = FIELDS) -> tuple[NvmlField, ...]:
-    """Every scalar row with an ``nvml`` call, in registry order (the NVML source reads those it
-    does not read in code generically)."""
-    return tuple(
-        NvmlField(f.field, f.type, r, f.nvml_scale, f.nvml_static)
-        for f in fields
-        if f.type != "list" and (r := f.nvml_read) is not None
-    )

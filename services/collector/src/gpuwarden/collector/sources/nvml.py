@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from gpuwarden.shared.fieldgen import gpu_sample_model
-from gpuwarden.shared.fields import FIELDS, FieldSpec, nvml_fields
+from gpuwarden.shared.fields import FIELDS, FieldSpec
 from gpuwarden.shared.models import EventKind, GpuEvent, GpuSample, NodeSample, stable_id
 from gpuwarden.shared.nvidia.kernel_log import KernelLogParser
 from gpuwarden.shared.nvidia.nvml import (
@@ -95,14 +95,12 @@ def _converter(type_: str, scale: float | None) -> Callable[[Any], Any]:
 
 
 def nvml_reads(fields: Sequence[FieldSpec] = FIELDS) -> tuple[NvmlRow, ...]:
-    """The rows of ``fields`` the NVML source reads generically (:func:`~gpuwarden.shared.fields.nvml_fields`
-    but :data:`NVML_IN_CODE`), with their arguments as pynvml's constants."""
+    """The scalar rows of ``fields`` with an ``nvml`` call that the NVML source reads generically
+    (all but :data:`NVML_IN_CODE`), with their arguments as pynvml's constants."""
     return tuple(
-        NvmlRow(
-            f.field, f.read.call, f.read.constants(), f.read.attr, f.read.item, f.static, _converter(f.type, f.scale)
-        )
-        for f in nvml_fields(fields)
-        if f.field not in NVML_IN_CODE
+        NvmlRow(f.field, r.call, r.constants(), r.attr, r.item, f.nvml_static, _converter(f.type, f.nvml_scale))
+        for f in fields
+        if f.type != "list" and f.field not in NVML_IN_CODE and (r := f.nvml_read) is not None
     )
 
 
@@ -462,15 +460,7 @@ class NvmlSource:
         for fn, args, is_static, rows in self._calls:
             answer = static(fn, h, *args) if is_static else call(fn, h, *args)
             for r in rows:
-                if answer is None:
-                    data[r.field] = None
-                elif r.attr is None and r.item is None:
-                    try:  # the common case inline: a scalar answer converted
-                        data[r.field] = r.convert(answer)
-                    except (TypeError, ValueError, OverflowError):
-                        data[r.field] = answer  # the model refuses it and names it
-                else:
-                    data[r.field] = _row_value(answer, r)
+                data[r.field] = None if answer is None else _row_value(answer, r)
         # read in code (NVML_IN_CODE): sent once, bitmasks, lists, an "unknown" sentinel, MIG, GPM
         if i not in self._vbios_sent:
             vbios = call("nvmlDeviceGetVbiosVersion", h)
