@@ -193,3 +193,123 @@ async def test_a_message_is_spooled_before_it_is_sent_so_a_kill_9_loses_nothing(
     assert [v.ts for _, _, v in p2.sent] == [1.0, 2.0, 3.0]  # type: ignore[attr-defined]
     ob2.reap()
     assert spool.read_bytes() == b""
+
+
+async def test_a_message_in_flight_through_an_outage_stays_ahead_of_the_replay() -> None:
+    """Issue 25 (full chaos: 'readings lost 47'): a sample whose batch was in flight when the
+    broker went away and is still unsettled when it comes back is not overtaken by the replay
+    of newer samples of its node: the replay waits for it, then sends it again first."""
+    now = [0.0]
+    p = FutureProducer()
+    ob = Outbox(p.send, max_messages=100, clock=lambda: now[0], reorder_wait_s=5.0)
+    for i in (0, 1):  # two nodes' samples in flight as the outage starts
+        assert await ob.submit("gpu.samples", "n1", sample(i))
+    (_, f0), (_, f1) = p.futures
+    assert await ob.submit("gpu.samples", "n1", sample(2))
+    p.futures[2][1].set_exception(ConnectionError("broker unreachable"))  # the outage: degraded
+    for i in range(3, 6):
+        assert not await ob.submit("gpu.samples", "n1", sample(i))
+    assert [v.ts for _, _, v in ob.queue] == [2, 3, 4, 5]  # type: ignore[attr-defined]
+    f0.set_result(None)  # the broker is back: sample 0's batch is confirmed, sample 1's is stuck
+    assert not await ob.submit("gpu.samples", "n1", sample(6))
+    assert len(p.futures) == 3 and not ob.degraded  # the replay waits for sample 1
+    now[0] = 4.9
+    await ob.flush()
+    assert len(p.futures) == 3
+    now[0] = 5.0  # still unsettled: sent again, ahead of the queue
+    assert await ob.flush() == 6
+    assert [ts for ts, _ in p.futures[3:]] == [1, 2, 3, 4, 5, 6]
+    assert ob.superseded == 1
+    f1.set_exception(ConnectionError("expired"))  # the first copy fails late: not queued again
+    assert ob.reap() == 0 and not ob.queue
+
+
+async def test_a_settled_straggler_releases_the_replay_at_once() -> None:
+    """The wait ends as soon as the message in flight through the outage is settled; a failed one
+    goes back to the front of the queue, so it is still sent before newer ones."""
+    now = [0.0]
+    p = FutureProducer()
+    ob = Outbox(p.send, max_messages=100, clock=lambda: now[0], reorder_wait_s=5.0)
+    for i in (0, 1, 2):
+        await ob.submit("gpu.samples", "n1", sample(i))
+    p.futures[2][1].set_exception(ConnectionError("broker unreachable"))
+    await ob.submit("gpu.samples", "n1", sample(3))
+    p.futures[0][1].set_result(None)
+    await ob.submit("gpu.samples", "n1", sample(4))
+    assert len(p.futures) == 3
+    p.futures[1][1].set_exception(ConnectionError("expired"))  # settled (failed) within the wait
+    ob.reap()
+    assert ob.degraded  # the failure makes the outbox probe again, one at a time, oldest first
+    await ob.flush()
+    assert [ts for ts, _ in p.futures[3:]] == [1]
+    p.futures[3][1].set_result(None)
+    await ob.submit("gpu.samples", "n1", sample(5))
+    assert [ts for ts, _ in p.futures[3:]] == [1, 2, 3, 4, 5] and ob.superseded == 0
+
+
+async def test_the_spool_is_a_journal_writes_grow_with_messages_not_with_the_backlog(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through an outage each message costs one append (before: the whole backlog was rewritten
+    at every message, up to 130-260 MB per tick at the bound); confirmations are appended as
+    ``done`` lines and the journal is rewritten only when it is more than twice the pending."""
+    spool = tmp_path / "outbox.jsonl"
+    written = [0]
+    real_append = Outbox._append
+
+    def counting(self: Outbox, data: bytes, lines: int) -> None:
+        written[0] += len(data)
+        real_append(self, data, lines)
+
+    monkeypatch.setattr(Outbox, "_append", counting)
+    rewrites = [0]
+    real_rewrite = Outbox._rewrite
+
+    def counting_rewrite(self: Outbox) -> None:
+        rewrites[0] += 1
+        real_rewrite(self)
+
+    monkeypatch.setattr(Outbox, "_rewrite", counting_rewrite)
+    p = FlakyProducer()
+    p.down = True
+    ob = Outbox(p.publish, max_messages=10_000, spool=spool)
+    for i in range(2000):
+        await ob.submit("gpu.samples", "n1", sample(i))
+    one = len(Outbox._line(ob.queue[-1]))
+    assert written[0] < 2000 * one * 1.1 and rewrites[0] == 0
+    assert spool.stat().st_size == written[0]
+    # the broker is back for 1,500 of them, then down again: a done line, then one compaction
+    p.down = False
+    sent = 0
+    while sent < 1500:
+        item = ob.queue.popleft()
+        assert await ob._send(item)
+        sent += 1
+    ob._journal()
+    assert rewrites[0] == 1  # 2,000 lines + a done line > 2 x 500 pending + 64
+    again = Outbox(FlakyProducer().publish, max_messages=10_000, spool=spool)  # kill -9, restart
+    assert [v.ts for _, _, v in again.queue] == [float(i) for i in range(1500, 2000)]  # type: ignore[attr-defined]
+
+
+async def test_a_journal_restores_in_order_without_what_was_confirmed(tmp_path: Path) -> None:
+    """A kill -9 between confirmations: the next outbox has exactly the unconfirmed messages, in
+    their order (a delivered one in the middle is not sent again); an old spool without sequence
+    numbers still reads, in file order."""
+    spool = tmp_path / "outbox.jsonl"
+    p = FutureProducer()
+    ob = Outbox(p.send, max_messages=100, spool=spool)
+    for i in range(4):
+        await ob.submit("gpu.samples", "n1", sample(i))
+    p.futures[1][1].set_result(None)
+    p.futures[3][1].set_result(None)
+    ob.reap()
+    del ob
+    again = Outbox(FlakyProducer().publish, max_messages=100, spool=spool)
+    assert [v.ts for _, _, v in again.queue] == [0.0, 2.0]  # type: ignore[attr-defined]
+    old = tmp_path / "old.jsonl"
+    old.write_bytes(b"".join(
+        orjson.dumps({"topic": "gpu.samples", "key": "n1", "value": sample(i).model_dump(mode="json")}) + b"\n"
+        for i in (5, 6)
+    ))  # fmt: skip
+    legacy = Outbox(FlakyProducer().publish, max_messages=100, spool=old)
+    assert [v.ts for _, _, v in legacy.queue] == [5.0, 6.0]  # type: ignore[attr-defined]

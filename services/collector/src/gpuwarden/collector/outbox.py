@@ -28,6 +28,27 @@ PRIORITY_TOPICS = frozenset({"gpu.events"})
 
 Item = tuple[str, str | None, BaseModel]
 
+#: journal lines beyond twice the pending messages (plus this) before the spool is rewritten
+COMPACT_SLACK = 64
+
+
+class _Msg(tuple):  # type: ignore[type-arg]
+    """An :data:`Item` with its journal sequence number ``seq`` (unpacks as the 3-tuple)."""
+
+    seq: int
+
+
+def _msg(seq: int, topic: str, key: str | None, value: BaseModel) -> Item:
+    m = _Msg((topic, key, value))
+    m.seq = seq
+    return m
+
+
+def _forget(fut: asyncio.Future[Any]) -> None:
+    """Retrieve the outcome of a superseded delivery (asyncio logs an unretrieved exception)."""
+    if not fut.cancelled():
+        fut.exception()
+
 
 class Outbox:
     """Send messages in order through ``send``; while they are not delivered, keep them.
@@ -48,17 +69,28 @@ class Outbox:
     most ``max_messages``; when full the oldest *sample* is dropped (an event only when the
     queue holds nothing but events), ``dropped`` (per topic) is increased,
     ``on_drop(topic, n)`` is called and a warning is logged (at most one per ``log_every``
-    drops). With ``spool`` (a file path) every message is written there (a JSON line) *before* it
-    is handed to ``send`` and stays there until its delivery is confirmed, with the queue and the
-    messages in flight while the broker is failing; a new Outbox with the same path starts with
-    those messages. So neither an outage that outlives a restart nor a ``kill -9`` loses a message
-    but what the bound drops, counted. A message whose delivery was confirmed just before a
-    ``kill -9`` may be sent twice (at-least-once: the correlator folds a reading of the same GPU and
-    ``ts`` once). In steady state the spool holds the one or two messages in flight: one append per
-    message and a truncation when nothing is pending. Exceptions of ``send`` are caught; everything else propagates.
+    drops). With ``spool`` (a file path) the outbox keeps an append-only journal there: every
+    message is appended (a JSON line with its sequence number) *before* it is handed to ``send`` or
+    queued, and its confirmed delivery (or drop by the bound) is appended as a ``{"done": [...]}``
+    line; a new Outbox with the same path starts with the messages not done, in their order. So
+    neither an outage that outlives a restart nor a ``kill -9`` loses a message but what the bound
+    drops, counted. A message whose delivery was confirmed just before a ``kill -9`` may be sent
+    twice (at-least-once: the correlator folds a reading of the same GPU and ``ts`` once). The
+    journal is truncated whenever nothing is pending and rewritten with only the pending messages
+    when it holds more than twice as many lines (plus :data:`COMPACT_SLACK`): writes stay
+    proportional to the messages, also through a long outage (one append per message, not a
+    rewrite of the whole backlog per tick). Exceptions of ``send`` are caught; everything else propagates.
     With ``send_timeout_s`` a ``send`` that does not return in time (a producer whose buffer is
     full while the broker is down) counts as a failed delivery and the message is queued, so the
     caller (the collector's tick) never waits longer than that for one message.
+
+    Order across an outage: a message still in flight when the broker comes back (its batch
+    stuck on a connection the outage broke) is older than everything queued. Replaying the
+    queue before it is settled would put it behind newer messages of its node if it then fails:
+    a sample the correlator finds too late for its window. So the replay waits for those
+    messages up to ``reorder_wait_s`` (new messages queue meanwhile); what is still unsettled
+    then is sent again ahead of the replay and its first delivery is no longer waited for
+    (``superseded``; if that one succeeds too, the message is on Kafka twice: at-least-once).
     """
 
     def __init__(
@@ -72,6 +104,7 @@ class Outbox:
         log_interval_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         send_timeout_s: float | None = None,
+        reorder_wait_s: float = 5.0,
     ) -> None:
         if max_messages < 1:
             raise ValueError("max_messages must be >= 1")
@@ -84,6 +117,7 @@ class Outbox:
         self.log_interval_s = log_interval_s
         self._clock = clock
         self.send_timeout_s = send_timeout_s
+        self.reorder_wait_s = reorder_wait_s
         #: when the messages in flight last made progress (the first went out, or one was confirmed)
         self.progress_at: float | None = None
         self.queue: deque[Item] = deque()
@@ -94,22 +128,39 @@ class Outbox:
         self._failures_logged = 0
         self._failure_logged_at: float | None = None
         self.delivered = 0
+        #: messages sent again because they were still unsettled ``reorder_wait_s`` after the broker came back
+        self.superseded = 0
         self.degraded = False
-        self._dirty = False
-        self._spooled = False
+        #: deliveries in flight since before the broker came back, and when it did (monotonic s)
+        self._suspects: list[asyncio.Future[Any]] = []
+        self._recovered_at: float | None = None
+        self._seq = 0  # the last sequence number given
+        self._journal_lines = 0  # lines in the spool file
+        self._done: list[int] = []  # sequence numbers settled since the last journal write
         self._events_queued = False  # an event may be in the queue (False: surely none)
         if spool is not None and spool.exists():
             self._load(spool)
 
     def _load(self, spool: Path) -> None:
+        """Read the journal: its messages whose ``done`` line is missing, in sequence order (a
+        spool written before the journal, lines without ``seq``, reads in file order)."""
+        found: dict[int, Item] = {}
+        done: set[int] = set()
         for line in spool.read_bytes().splitlines():
             try:
                 d = orjson.loads(line)
-                model = _MODELS[d["topic"]]
-                self._enqueue(d["topic"], d["key"], model.model_validate(d["value"]))
+                if "done" in d:
+                    done.update(int(n) for n in d["done"])
+                    continue
+                seq = int(d["seq"]) if "seq" in d else self._seq + 1
+                found[seq] = _msg(seq, d["topic"], d["key"], _MODELS[d["topic"]].model_validate(d["value"]))
+                self._seq = max(self._seq, seq)
             except (ValueError, KeyError, TypeError) as exc:
                 log.warning("outbox spool %s: skipping a bad line: %s", spool, exc)
-        self._spooled = bool(self.queue)
+        for seq in sorted(found.keys() - done):
+            self._enqueue(found[seq])
+        self._done.clear()  # what the bound dropped here is written by the rewrite below
+        self._rewrite()
         if self.queue:
             log.info("outbox: %d messages from spool %s to replay", len(self.queue), spool)
 
@@ -121,11 +172,19 @@ class Outbox:
     def _drop_one(self) -> str:
         for i, (topic, _, _) in enumerate(self.queue):
             if topic not in PRIORITY_TOPICS:
+                self._settled(self.queue[i])
                 del self.queue[i]
                 return topic
-        return self.queue.popleft()[0]
+        item = self.queue.popleft()
+        self._settled(item)
+        return item[0]
 
-    def _enqueue(self, topic: str, key: str | None, value: BaseModel) -> None:
+    def _settled(self, item: Item) -> None:
+        """``item`` needs no spooling any more (delivered, or dropped by the bound)."""
+        if self.spool is not None and isinstance(item, _Msg):
+            self._done.append(item.seq)
+
+    def _enqueue(self, item: Item) -> None:
         if len(self.queue) >= self.max_messages:
             old_topic = self._drop_one()
             n = self.dropped.get(old_topic, 0) + 1
@@ -140,9 +199,8 @@ class Outbox:
                     old_topic,
                     total,
                 )
-        self.queue.append((topic, key, value))
-        self._dirty = True
-        if topic in PRIORITY_TOPICS:
+        self.queue.append(item)
+        if item[0] in PRIORITY_TOPICS:
             self._events_queued = True
 
     def _next(self) -> int:
@@ -168,11 +226,44 @@ class Outbox:
             self._failure_logged_at = now
             self._failures_logged = self.failures
 
+    def _recover(self) -> None:
+        """A delivery succeeded: leave degraded mode; what is still in flight then has been in
+        flight through the outage (while degraded only a lone probe is sent)."""
+        if self.degraded:
+            self.degraded = False
+            self._suspects = [fut for _, fut in self.inflight if not fut.done()]
+            self._recovered_at = self._clock()
+
+    def _replay_ready(self) -> bool:
+        """Whether the queue may be replayed now: no message in flight through the outage is
+        unsettled, or ``reorder_wait_s`` has passed since the broker came back, and then those
+        still unsettled are put back at the front of the queue to be sent again (superseded)."""
+        self._suspects = [f for f in self._suspects if not f.done()]
+        if not self._suspects:
+            return True
+        assert self._recovered_at is not None
+        if self._clock() - self._recovered_at < self.reorder_wait_s:
+            return False
+        stuck = {id(f) for f in self._suspects}
+        back = [item for item, fut in self.inflight if id(fut) in stuck]
+        self.inflight = deque((item, fut) for item, fut in self.inflight if id(fut) not in stuck)
+        for fut in self._suspects:
+            fut.add_done_callback(_forget)
+        for item in reversed(back):  # every message in flight is older than every queued one of its topic
+            self.queue.appendleft(item)
+        if any(t in PRIORITY_TOPICS for t, _, _ in back):
+            self._events_queued = True
+        self.superseded += len(back)
+        self._suspects = []
+        log.warning("outbox: %d messages in flight since before the broker came back are still unconfirmed after "
+                    "%gs; sending them again ahead of the replay (kept in order; a copy may arrive twice)",
+                    len(back), self.reorder_wait_s)  # fmt: skip
+        return True
+
     def reap(self) -> int:
         """Settle the messages in flight whose delivery is done: delivered ones are forgotten,
         failed ones go back to the front of the queue in their order. Returns how many failed."""
         back: list[Item] = []
-        delivered_before = self.delivered
         keep: deque[tuple[Item, asyncio.Future[Any]]] = deque()
         for item, fut in self.inflight:
             if not fut.done():
@@ -183,7 +274,8 @@ class Outbox:
                 back.append(item)
             else:
                 self.delivered += 1
-                self.degraded = False
+                self._settled(item)
+                self._recover()
                 self.progress_at = self._clock()
         self.inflight = keep
         if not keep:
@@ -193,11 +285,8 @@ class Outbox:
         if any(t in PRIORITY_TOPICS for t, _, _ in back):
             self._events_queued = True
         while len(self.queue) > self.max_messages:  # the bound holds for returned messages too
-            self._enqueue(*self.queue.pop())  # re-adding the newest drops one, by priority
-        delivered = self.delivered != delivered_before
-        if back or (self._spooled and (delivered or not self.inflight)):
-            self._dirty = True  # the spool holds exactly what is not confirmed
-            self._save()
+            self._enqueue(self.queue.pop())  # re-adding the newest drops one, by priority
+        self._journal()
         return len(back)
 
     async def _send(self, item: Item) -> bool:
@@ -221,7 +310,8 @@ class Outbox:
             self.inflight.append((item, res))
         else:
             self.delivered += 1
-            self.degraded = False
+            self._settled(item)
+            self._recover()
         return True
 
     def stalled_s(self) -> float:
@@ -236,21 +326,26 @@ class Outbox:
         ``send`` now (delivery may still be pending: see :meth:`reap`)."""
         self.reap()
         await self.flush()
+        self._seq += 1
+        item = _msg(self._seq, topic, key, value)
+        self._write_ahead(item)
         if self.queue or not self._may_send():
-            self._enqueue(topic, key, value)
-            self._save()
+            self._enqueue(item)
+            self._journal()
             return False
-        self._write_ahead((topic, key, value))
-        if await self._send((topic, key, value)):
-            return True
-        self._enqueue(topic, key, value)
-        self._save()
-        return False
+        sent = await self._send(item)
+        if not sent:
+            self._enqueue(item)
+        self._journal()
+        return sent
 
     async def flush(self) -> int:
         """Replay queued messages, events first, each topic in order, until one fails (while
-        degraded: one probe). Returns how many were handed to ``send``."""
+        degraded: one probe; after an outage not before the messages in flight through it are
+        settled, see the class). Returns how many were handed to ``send``."""
         sent = 0
+        if self.queue and not self.degraded and not self._replay_ready():
+            return 0
         while self.queue and self._may_send():
             i = self._next()
             item = self.queue[i]
@@ -260,49 +355,68 @@ class Outbox:
                 del self.queue[i]
             else:  # the queue changed while ``send`` waited
                 self.queue.remove(item)
-            self._dirty = True
             sent += 1
         if sent:
             log.info("outbox: replayed %d buffered messages (%d left, %d delivery failures so far)", sent,
                      len(self.queue), self.failures)  # fmt: skip
-            self._save()
+            self._journal()
         return sent
 
     async def settle(self, timeout_s: float = 30.0) -> int:
         """Wait (up to ``timeout_s``) for the messages in flight, then :meth:`reap`; what is
-        still unconfirmed stays in flight and is written to the spool. Returns how many failed."""
+        still unconfirmed stays in flight and in the spool. Returns how many failed."""
         futs = [f for _, f in self.inflight]
         if futs:
             await asyncio.wait(futs, timeout=timeout_s)
-        failed = self.reap()
-        if self.inflight:
-            self._dirty = True
-            self._save()
-        return failed
+        return self.reap()
 
     @staticmethod
     def _line(item: Item) -> bytes:
         topic, key, value = item
-        return orjson.dumps({"topic": topic, "key": key, "value": value.model_dump(mode="json")}) + b"\n"
+        d: dict[str, Any] = {"topic": topic, "key": key, "value": value.model_dump(mode="json")}
+        if isinstance(item, _Msg):
+            d["seq"] = item.seq
+        return orjson.dumps(d) + b"\n"
+
+    def _append(self, data: bytes, lines: int) -> None:
+        assert self.spool is not None
+        with self.spool.open("ab") as f:
+            f.write(data)
+        self._journal_lines += lines
 
     def _write_ahead(self, item: Item) -> None:
-        """Append ``item`` to the spool before it is sent (the spool then holds what is pending
-        plus it); one append, no rewrite."""
+        """Append ``item`` to the journal before it is sent or queued (one append, no rewrite)."""
+        if self.spool is not None:
+            self._append(self._line(item), 1)
+
+    def _journal(self) -> None:
+        """Bring the spool up to date: truncate it when nothing is pending, else append what was
+        settled since the last write (one ``done`` line), and rewrite it with the pending messages
+        only when its lines exceed twice them plus :data:`COMPACT_SLACK`."""
         if self.spool is None:
             return
-        if self._dirty:
-            self._save()
-        with self.spool.open("ab") as f:
-            f.write(self._line(item))
-        self._spooled = True
-
-    def _save(self) -> None:
-        if self.spool is None or not self._dirty:
+        if not self.pending:
+            if self._journal_lines:
+                self.spool.write_bytes(b"")
+                self._journal_lines = 0
+            self._done.clear()
             return
+        if self._done:
+            self._append(orjson.dumps({"done": self._done}) + b"\n", 1)
+            self._done = []
+        if self._journal_lines > 2 * self.pending + COMPACT_SLACK:
+            self._rewrite()
+
+    def _rewrite(self) -> None:
+        """Replace the spool with the pending messages, in sequence order (atomic rename)."""
+        if self.spool is None:
+            return
+        items = [i for i, _ in self.inflight] + list(self.queue)
+        items.sort(key=lambda i: i.seq if isinstance(i, _Msg) else -1)
         tmp = self.spool.with_suffix(".tmp")
         with tmp.open("wb") as f:
-            for item in [i for i, _ in self.inflight] + list(self.queue):
+            for item in items:
                 f.write(self._line(item))
         tmp.replace(self.spool)
-        self._dirty = False
-        self._spooled = bool(self.inflight or self.queue)
+        self._journal_lines = len(items)
+        self._done = []

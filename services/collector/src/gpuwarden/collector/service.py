@@ -203,7 +203,8 @@ class CollectorService(Service):
 
     def health(self) -> dict[str, Any]:
         """Health plus source, ticks, and the outbox: ``degraded`` while deliveries fail
-        (``buffered`` messages waiting, ``dropped`` per topic, delivery ``failures``)."""
+        (``buffered`` messages waiting, ``dropped`` per topic, delivery ``failures``, messages
+        ``resent_after_outage`` because still unconfirmed when the broker came back)."""
         h = super().health()
         h.update(
             source=self.source.name,
@@ -212,6 +213,7 @@ class CollectorService(Service):
             buffered=self.outbox.pending,
             dropped=dict(self.outbox.dropped),
             delivery_failures=self.outbox.failures,
+            resent_after_outage=self.outbox.superseded,
         )
         problem = self.collect_error or getattr(self.source, "problem", None)
         if problem:
