@@ -511,6 +511,9 @@ async def test_100_restarts_and_rebalances_lose_no_reading_and_no_event(bus: Bus
 
         await poll(drained, lambda: f"the group to commit every input {ends_of}", group, 60)
         final_workers = sorted(group.inproc)
+        # the hold's clock runs while the broker answers the Slurm reader (it stands still in an outage)
+        ages = {nm: w.health()["slurm_fetch_age_s"] for nm, w in group.inproc.items()}
+        assert all(a is not None and a < 3.0 for a in ages.values()), ages
         await group.close()
         drain_s = time.monotonic() - t_start - churn_s
 

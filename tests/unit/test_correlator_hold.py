@@ -539,3 +539,37 @@ def test_gated_result_equals_an_ungated_run_with_the_whole_slurm_view_first() ->
     for n in (N1, N2):
         assert known(gated_att[n]) == ungated_att[n][: len(known(gated_att[n]))]
         assert len(gated_att[n]) == len(ungated_att[n])
+
+
+def test_a_kafka_outage_does_not_run_down_the_hold() -> None:
+    """Full chaos bench: a 60 s outage released the samples held at its start as ``unknown`` (46
+    readings missing from their windows), though the watcher's first watermark after the outage
+    covered them. The service's hold clock stands still while the broker does not answer."""
+    from gpuwarden.correlator.service import HoldClock
+
+    wall = Clock()
+    age: list[float | None] = [None]  # no fetch answer yet: counted as answering
+    hc = HoldClock(lambda: age[0], stale_s=3.0, clock=wall)
+    c = gated(hc, hold_s=30.0)  # type: ignore[arg-type]
+    read_job(c, job(), 0)
+    assert c.handle("gpu.samples", sample(T0 - 10)) == []
+    age[0] = 0.1
+    for t in range(1, 5):  # the broker answers for 4 s
+        wall.t = float(t)
+        assert c.release() == []
+    age[0] = 3.5  # the outage: no answer for more than 3 s
+    for t in range(5, 65):
+        wall.t = float(t)
+        assert c.release() == []  # 60 s, nothing goes out unknown
+    assert hc.paused_s == 60.0 and c.held_count == 1
+    age[0] = 0.2  # the broker answers again; the watcher's watermark comes within the hold
+    wall.t = 66.0
+    assert c.release() == []
+    [out] = c.handle("slurm.watermarks", watermark(T0, {0: 1}))
+    assert b'"attribution"' not in out.value and c.unknown == 0  # known (the default, not written)
+    # a stalled watcher while the broker answers: the bound still holds, 30 s of answered time
+    assert c.handle("gpu.samples", sample(T0 + 5)) == []
+    wall.t = 66.0 + 29.0
+    assert c.release() == []
+    wall.t = 66.0 + 30.0
+    assert [a.attribution for a in attributed(c.release())] == ["unknown"]

@@ -11,7 +11,9 @@ watermark passes its ``ts``, or as ``unknown`` (``attribution="unknown"``, no jo
 been held ``hold_s`` seconds of wall clock (Slurm's view is not progressing: the watcher is down
 or far behind) or the node holds more than ``max_held_per_node`` records. The hold is wall
 clock on purpose: it is a liveness bound for a stalled input, not part of the result; while
-Slurm's view progresses, the result depends on event time only, at any replay speed.
+Slurm's view progresses, the result depends on event time only, at any replay speed. The
+service's clock for it (:class:`~gpuwarden.correlator.service.HoldClock`) stands still while the
+broker does not answer: a Kafka outage is not a stalled watcher.
 
 Memory bound of the hold: ``max_held_per_node`` records per node (default 600: ten minutes at
 1 Hz), each its value bytes plus the decoded model (~2.5 KB + ~6 KB for an 8-GPU sample).
@@ -139,7 +141,8 @@ class Correlator:
         hold_s: longest a record waits for the Slurm watermark, s of wall clock, before it goes
             out as ``unknown``.
         max_held_per_node: most records held per node (older ones go out as ``unknown``).
-        monotonic: the clock of ``hold_s`` (tests pass a fake).
+        monotonic: the clock of ``hold_s``, s (the service's stands still during a Kafka outage;
+            tests pass a fake).
     """
 
     def __init__(

@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -50,7 +51,7 @@ from .core import Correlator, MemoryAllocationStore, Output
 from .settings import CorrelatorSettings
 from .slurmview import SlurmView
 
-__all__ = ["LANES", "CorrelatorService", "SlurmReader"]
+__all__ = ["LANES", "CorrelatorService", "HoldClock", "SlurmReader"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,45 @@ CHANGELOG = "correlator.windows"
 #: much is there or after 100 ms, so a large fleet is read in batches of hundreds of records
 #: (the per-batch work is paid once per batch, not once per few records).
 SAMPLE_FETCH_MIN_BYTES = 256 * 1024
+
+
+class HoldClock:
+    """The clock of the correlator's hold (``hold_s``): monotonic seconds that stand still while
+    the broker does not answer the Slurm reader's fetches.
+
+    The hold's bound is for a stalled slurm-watcher: the broker answers, no watermark comes. In a
+    Kafka outage nothing comes either, from Slurm or the collectors; counting it would release the
+    records held at its start as ``unknown`` (their readings missing from their job windows: 46 in
+    a 60 s outage of the chaos bench), although slurm-watcher's next watermark, right after the
+    outage, covers them. So time counts only while the newest fetch answer is at most ``stale_s``
+    old (``fetch_age()`` in s; None: no answer yet, counted as answering). Each interval between
+    two readings is counted whole or not at all by the state at its end: the hold reads the clock
+    at least once a second while it holds anything.
+    """
+
+    def __init__(
+        self,
+        fetch_age: Callable[[], float | None],
+        stale_s: float = 3.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.fetch_age = fetch_age
+        self.stale_s = stale_s
+        self._clock = clock
+        self._last = clock()
+        self._value = 0.0
+        #: seconds not counted because the broker did not answer
+        self.paused_s = 0.0
+
+    def __call__(self) -> float:
+        now = self._clock()
+        age = self.fetch_age()
+        if age is None or age <= self.stale_s:
+            self._value += now - self._last
+        else:
+            self.paused_s += now - self._last
+        self._last = now
+        return self._value
 
 
 class SlurmReader:
@@ -121,6 +161,15 @@ class SlurmReader:
                 if ot is not None:
                     c.seek(tp, ot.offset)
         self._ends = await c.end_offsets(tps)
+
+    def fetch_age_s(self) -> float | None:
+        """Seconds since the broker last answered a fetch of the Slurm topics (an empty answer
+        counts), from aiokafka's ``last_poll_timestamp``; None before the first answer."""
+        c = self.consumer
+        if c is None:
+            return None
+        stamps = [t for tp in c.assignment() if (t := c.last_poll_timestamp(tp)) is not None]
+        return max(0.0, time.time() - max(stamps) / 1000) if stamps else None
 
     async def stop(self) -> None:
         c, self.consumer = self.consumer, None
@@ -209,6 +258,7 @@ class CorrelatorService(Service):
                 settings, self.metrics, linger_ms=int(settings.correlator_producer_linger_s * 1000)
             )
         self.view = SlurmView(settings.correlator_retention_s, gated=True)
+        self.hold_clock = HoldClock(lambda: self.reader.fetch_age_s())
         self.core = Correlator(
             self.view,
             settings.topic,
@@ -219,6 +269,7 @@ class CorrelatorService(Service):
             window_grace_s=settings.correlator_window_grace_s,
             hold_s=settings.correlator_hold_s,
             max_held_per_node=settings.correlator_max_held_per_node,
+            monotonic=self.hold_clock,
         )
         self.reader = SlurmReader(settings, self.view, self._release, settings.correlator_slurm_lookback_s)
         self.first_output_at: float | None = None
@@ -414,6 +465,8 @@ class CorrelatorService(Service):
             slurm_view_read=self.reader.caught_up.is_set(),
             held=self.core.held_count,
             unknown=self.core.unknown,
+            slurm_fetch_age_s=None if (age := self.reader.fetch_age_s()) is None else round(age, 1),
+            hold_paused_s=round(self.hold_clock.paused_s, 1),
             restored_nodes=self.restored,
         )
         return h

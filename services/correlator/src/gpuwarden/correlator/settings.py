@@ -30,8 +30,9 @@ class CorrelatorSettings(ServiceSettings):
     correlator_hold_s: float = Field(
         30.0,
         gt=0,
-        description="Longest a sample or event waits for the Slurm watermark to pass its ts, s of wall clock; "
-        "then it goes out with attribution=unknown (a liveness bound for a stalled slurm-watcher)",
+        description="Longest a sample or event waits for the Slurm watermark to pass its ts, s of wall clock "
+        "while the broker answers (a Kafka outage does not count); then it goes out with attribution=unknown "
+        "(a liveness bound for a stalled slurm-watcher)",
     )
     correlator_max_held_per_node: int = Field(
         600,
