@@ -525,3 +525,56 @@ def test_median_without_is_the_median_of_what_is_left(values: list[float], data:
     out = data.draw(st.sets(st.integers(0, len(values) - 1), min_size=1, max_size=len(values) - 1))
     rest = [v for i, v in enumerate(values) if i not in out]
     assert median_without(sorted(values), [values[i] for i in out]) == statistics.median(rest)
+
+
+def _catalog_with_short_idle_for() -> Any:
+    """The shipped catalog with idle-allocation's for_s at 60 s, shorter than its 300 s start-up:
+    the only setting where the start-up decides anything (the shipped for_s equals it)."""
+    from importlib import resources
+
+    text = resources.files("gpuwarden.detector").joinpath("catalog.yaml").read_text()
+    old = "    explain: {startup_s: 300}\n    for_s: 300\n"
+    assert text.count(old) == 1
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        f.write(text.replace(old, "    explain: {startup_s: 300}\n    for_s: 60\n"))
+    return load_catalog(f.name)
+
+
+def _idle_until(k_end: int) -> Callable[[str, int, int], dict[str, Any]]:
+    return lambda n, g, k: JOB_CASES["idle-allocation"](n, g, k) if k < k_end else {}
+
+
+def _run_with(
+    catalog: Any, per_gpu: Callable[[str, int, int], dict[str, Any]], count: int
+) -> list[tuple[int, Failure]]:
+    d = Detector(catalog)
+    out: list[tuple[int, Failure]] = []
+    for k in range(count):
+        for w in windows({"n1": 4, "n2": 4}, T0 + 10 * k, per_gpu, k):
+            out += [(k, f) for f in d.on_window(w)]
+    return out + [(count, f) for f in d.flush()]
+
+
+def test_the_start_up_is_the_pending_stages_explanation_of_an_idle_start() -> None:
+    """Issue 24: the start-up grace is an ``explain:`` block (``startup_s``) of the one pending
+    stage, not a gate in the condition. With for_s shorter than the start-up: an idle start that
+    ends within the start-up is dropped, nothing published; one that outlasts it is published once
+    the watermark passes the start-up, first seen when it was confirmed (onset + for_s)."""
+    cat = _catalog_with_short_idle_for()
+    assert cat.explanations()["idle-allocation"].startup_s == 300
+    loading = [f for _, f in _run_with(cat, _idle_until(20), 60) if f.pattern == "idle-allocation"]
+    assert loading == []  # confirmed at 60 s, resolved at ~230 s: the start-up explains it
+    stuck = [(k, f) for k, f in _run_with(cat, _idle_until(40), 80) if f.pattern == "idle-allocation"]
+    assert stuck, "an idle start past the start-up is an idle allocation"
+    k0, first = stuck[0]
+    assert first.state is FailureState.OPEN and first.first_seen < T0 + 300 and k0 == 29  # out at 300 s
+    assert len({f.failure_id for _, f in stuck}) == 1 and stuck[-1][1].state is FailureState.RESOLVED
+
+
+def test_the_shipped_start_up_changes_no_idle_allocation() -> None:
+    """With the shipped for_s (300 s, the start-up's length) nothing is first seen inside the
+    start-up, so the stage holds nothing of it: the first idle allocation is where it was."""
+    fired = [f for _, f in _run_with(load_catalog(), _idle_until(60), 60) if f.pattern == "idle-allocation"]
+    assert fired[0].first_seen == T0 + 310

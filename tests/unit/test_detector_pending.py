@@ -298,6 +298,9 @@ class _Ctx:
     def nodes_in_job(self, job_id: str) -> int:
         return self.nodes
 
+    def job_start(self, job_id: str | None) -> float | None:
+        return T0  # candidates of a rule with startup_s near T0 are held for the start-up
+
     def aggregate(self, members: list[Failure], state: FailureState, scope: str = "node") -> Failure:
         return self.d.aggregate(members, state, scope)
 

@@ -218,7 +218,7 @@ class Catalog(_Strict):
         own = {r.id for r in self.rules}
         every: list[RuleBase] = [*self.conditions, *self.rules, *(t for t in table if t.id not in own)]
         for r in every:
-            if r.explain is not None and (r.explain.by or r.explain.aggregate):
+            if r.explain is not None and (r.explain.by or r.explain.aggregate or r.explain.startup_s is not None):
                 out[r.id] = r.explain
         for r in every:
             ex = r.explain

@@ -293,6 +293,16 @@ class Detector(EventEpisodes, JobWindows):
                 return len(a.gpus)
         return max(1, self._gpu_count_max.get(node, 1))
 
+    def job_start(self, job_id: str | None) -> float | None:
+        """When ``job_id`` started: Slurm's start, else its first window (the start-up's origin
+        the job-window rules use), epoch s; None when unknown."""
+        if job_id is None:
+            return None
+        ctx = self._job_ctx.get(job_id)
+        if ctx is not None and ctx.start_ts is not None:
+            return ctx.start_ts
+        return self._job_starts.get(job_id)
+
     def aggregate(self, members: list[Failure], state: FailureState, scope: str = "node") -> Failure:
         """One node-level failure for GPU findings of one rule, node and job: ``gpu_index``
         None, the GPUs named in the verdict and the evidence, cost over all of them, first seen

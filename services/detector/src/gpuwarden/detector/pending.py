@@ -13,7 +13,9 @@ passed its ``first_seen + window_s``; then, in deadline order, it is
 * **folded** into the failure that explains it (a finding of one of ``by`` within ``window_s`` in
   the ``scope``): its evidence joins that failure, which is re-emitted (same ``failure_id``), and
   nothing of its own is ever published; or
-* **emitted** as a failure of its own (with its resolution, if it resolved while held).
+* **emitted** as a failure of its own (with its resolution, if it resolved while held); or
+* **dropped**, when its job's start-up explains it (``startup_s``: first seen in the start-up and
+  resolved before it was over).
 
 A candidate of a rule without an ``explain:`` block passes at once. Folding follows chains (a
 row remap explained by an XID 94 that an XID 48 explains joins the XID 48's failure). What holds
@@ -58,6 +60,10 @@ class StageContext(Protocol):
         """Nodes of ``job_id`` as far as Slurm's allocations tell (0 when unknown)."""
         ...
 
+    def job_start(self, job_id: str | None) -> float | None:
+        """When ``job_id`` started (Slurm's start, else its first window), epoch s; None when unknown."""
+        ...
+
     def aggregate(self, members: list[Failure], state: FailureState, scope: str = "node") -> Failure:
         """One failure for ``members`` (one rule, one job; several GPUs): node-level (one node) or
         job-level (``scope="job"``, several nodes)."""
@@ -69,6 +75,8 @@ class _Held:
     deadline: float
     latest_open: Failure
     resolved: Failure | None = None
+    #: held for its job's start-up (``startup_s``): dropped if it resolved by the deadline
+    startup: bool = False
 
 
 @dataclass
@@ -179,8 +187,8 @@ class PendingStage:
                 out.append(self._out(f))
             elif f.state is FailureState.RESOLVED:
                 continue  # never published: nothing to resolve
-            elif f.rule_id in explain:
-                self._hold(fid, _Held(f.first_seen + explain[f.rule_id].window_s, f))
+            elif f.rule_id in explain and (new := self._held_for(f, explain[f.rule_id], ctx)) is not None:
+                self._hold(fid, new)
             else:
                 out.append(self._out(f))
         for fid in self._due(final):
@@ -212,6 +220,19 @@ class PendingStage:
             for fid, h in self.held.items():
                 index.setdefault((h.latest_open.rule_id, h.latest_open.job_id), {})[fid] = None
         return index
+
+    @staticmethod
+    def _held_for(f: Failure, ex: Explain, ctx: StageContext) -> _Held | None:
+        """How a new candidate of a rule with ``ex`` is held: until ``first_seen + window_s`` for
+        an explanation or an aggregation, and, first seen in its job's start-up (``startup_s``),
+        until the start-up is over; None: it passes at once."""
+        deadline = f.first_seen + ex.window_s if (ex.by or ex.aggregate) else -math.inf
+        startup = False
+        if ex.startup_s is not None:
+            start = ctx.job_start(f.job_id)
+            if start is not None and f.first_seen < start + ex.startup_s:
+                deadline, startup = max(deadline, start + ex.startup_s), True
+        return None if deadline == -math.inf else _Held(deadline, f, startup=startup)
 
     def _hold(self, fid: str, h: _Held) -> None:
         self.held[fid] = h
@@ -261,6 +282,9 @@ class PendingStage:
         h = self.held[fid]
         f = h.latest_open
         ex = explain[f.rule_id]
+        if h.startup and h.resolved is not None:
+            self._unhold(fid)  # over within its job's start-up: the start-up explains it, nothing goes out
+            return []
         if ex.aggregate == "job":
             grouped = self._aggregate_job(fid, ex, ctx)
             if grouped is not None:

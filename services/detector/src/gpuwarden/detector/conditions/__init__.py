@@ -186,7 +186,12 @@ class Explain(FrozenModel):
     whose action acts on no node (``alert``, ``none``). ``answers``: beginnings of the explaining
     failure's ``cannot_determine`` entries that this finding settles once folded into it (XID 94
     tells that the XID 48 it follows was contained), so the published failure no longer says it
-    cannot tell what its evidence shows.
+    cannot tell what its evidence shows. ``startup_s``: the job's start-up explains this finding (a
+    model loading, data staging): a candidate first seen less than ``startup_s`` after its job's
+    start (Slurm's, else the job's first window) is held until the watermark passes start +
+    ``startup_s``; one that resolved by then is dropped (nothing published), one still open goes
+    on (with its ``first_seen``: the idle time counts from its onset). A block with only
+    ``startup_s`` holds nothing first seen after the start-up.
     """
 
     by: list[str] = Field(default_factory=list, description="Rule ids whose finding explains this one")
@@ -203,6 +208,13 @@ class Explain(FrozenModel):
     answers: list[str] = Field(
         default_factory=list,
         description="Beginnings of the explaining failure's cannot_determine entries this finding settles when folded",
+    )
+    startup_s: float | None = Field(
+        None,
+        gt=0,
+        le=86400,
+        description="The job's start-up explains it: a candidate first seen within this of its job's start is held "
+        "until the watermark passes start + this, and dropped if it resolved by then, s",
     )
 
 

@@ -41,7 +41,10 @@ class Reading(NamedTuple):
     value: float | str
     unit: str | None
     threshold: float | str | None
-    hold: bool = False  # unhealthy, but may not open a failure yet (a job's start-up grace)
+    #: unhealthy on weak evidence that must last longer before it may open a failure (a collective
+    #: hang's ``weak_for_s``): part of what the signal means, not a deferral (those are the pending
+    #: stage's, :mod:`gpuwarden.detector.pending`)
+    unconfirmed: bool = False
 
     def evidence(self, ts: float, source: str) -> Evidence:
         v = round(self.value, 3) if isinstance(self.value, float) else self.value

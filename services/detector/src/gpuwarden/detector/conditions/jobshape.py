@@ -37,12 +37,12 @@ __all__ = [
 
 class Idle(FrozenModel):
     """Every GPU of the job idle for a whole window (its busiest reading at most the threshold).
-    An idle stretch from the job's start (model loading, data staging) counts from the start but
-    opens no failure before ``startup_grace_s``: it is an idle allocation once it outlasts it."""
+    An idle stretch from the job's start (model loading, data staging) counts from the start; the
+    rule's ``explain: {startup_s: ...}`` holds what is found in the start-up until it is over and
+    drops it if it ended by then (the pending stage, :mod:`gpuwarden.detector.pending`)."""
 
     type: Literal["idle"]
     max_utilization_pct: float = Field(5, ge=0, le=100)
-    startup_grace_s: float = Field(300, ge=0, description="No idle allocation opens this soon after the job's start, s")
 
 
 class PartialIdle(FrozenModel):
@@ -146,15 +146,14 @@ def _utils(windows: list[JobWindow]) -> list[float]:
 
 
 def evaluate_idle(sig: Idle, windows: list[JobWindow], ctx: JobContext) -> list[tuple[str, int | None, Reading]]:
-    """The whole job idle (its busiest GPU at most the threshold); held in the start-up grace."""
+    """The whole job idle (its busiest GPU at most the threshold)."""
     first = _first(windows)
     peaks = [p for w in windows if (p := peak_util(w)) is not None]
     if not peaks:
         return []
     peak = max(peaks)
     bad = peak <= sig.max_utilization_pct
-    hold = ctx.in_grace(first, sig.startup_grace_s)
-    return [(first.node, None, Reading(bad, "max_gpu_utilization_pct", peak, "%", sig.max_utilization_pct, hold))]
+    return [(first.node, None, Reading(bad, "max_gpu_utilization_pct", peak, "%", sig.max_utilization_pct))]
 
 
 def evaluate_partial_idle(
@@ -281,8 +280,8 @@ def evaluate_hang(
         worst = max(s.working_ratio or 0.0 for s in judged)
         signal = "power_share_of_own_working_power"
         return [(first.node, None, Reading(True, signal, worst, "ratio", sig.max_working_power_ratio))]
-    hold = _hang_streak_s(sig, windows, history, ctx) < sig.weak_for_s - 1e-3
-    return [(first.node, None, Reading(True, _HANG_SIGNAL, value, "ratio", sig.max_power_ratio, hold))]
+    unconfirmed = _hang_streak_s(sig, windows, history, ctx) < sig.weak_for_s - 1e-3
+    return [(first.node, None, Reading(True, _HANG_SIGNAL, value, "ratio", sig.max_power_ratio, unconfirmed))]
 
 
 def _clocks_held(sig: Hang, windows: list[JobWindow], history: list[list[JobWindow]], ctx: JobContext) -> bool:

@@ -39,7 +39,7 @@ class Tracker:
             self.evidence = [*self.evidence[:1], *self.evidence[1:][-3:], reading.evidence(ts, source)]
             self.occurrences += 1
             self.last_seen = ts
-            if not self.opened and ts - self.bad_since >= rule.for_s and not reading.hold:
+            if not self.opened and ts - self.bad_since >= rule.for_s and not reading.unconfirmed:
                 # first_seen is when the condition is confirmed (held for_s): the detection time;
                 # the evidence keeps the readings from its onset on
                 self.opened, self.first_seen = True, ts
