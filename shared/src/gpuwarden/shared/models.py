@@ -18,12 +18,14 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 from enum import StrEnum
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
+    "NVLINK_ERROR_KEYS",
     "PATTERNS",
     "SCHEMA_VERSION",
     "Action",
@@ -204,6 +206,10 @@ Text = Annotated[str, Field(max_length=256, pattern=r"^[^\x00-\x1f\x7f\u061c\u20
 JsonScalar = bool | Int64 | float | str | None
 
 
+#: The NVLink error counters of ``GpuSample.nvlinks`` that :attr:`GpuSample.nvlink_errors` sums.
+NVLINK_ERROR_KEYS = ("crc_flit_errors", "crc_data_errors", "replay_errors", "recovery_errors")
+
+
 class GpuSample(Model):
     """One GPU's readings at one tick (NVML or ``nvidia-smi -q -x``)."""
 
@@ -296,6 +302,23 @@ class GpuSample(Model):
     sm_occupancy_pct: float | None = Field(None, ge=0, le=100, description="GPM SM occupancy (Hopper+), %")
     tensor_activity_pct: float | None = Field(None, ge=0, le=100, description="GPM tensor pipe activity (Hopper+), %")
     # end generated: fields.csv
+
+    @cached_property
+    def nvlink_errors(self) -> float | None:
+        """CRC flit and data, replay and recovery errors summed over every NVLink of this reading,
+        count (a sum of counters; None without NVLink readings). Computed once per reading: the
+        detector's error rate compares it with the GPU's previous reading, which has it already
+        (with 18 links, summing twice per rule was most of the detector's per-sample cost)."""
+        links = self.nvlinks
+        if not links:
+            return None
+        total = 0
+        for link in links:
+            for key in NVLINK_ERROR_KEYS:
+                v = link.get(key)
+                if v:
+                    total += int(v)
+        return float(total)
 
 
 class NodeSample(Model):

@@ -107,13 +107,6 @@ def _rate_per_min(cur: float | None, prev: float | None, dt: float) -> float | N
     return max(0.0, cur - prev) * 60.0 / dt
 
 
-def _nvlink_errors(g: GpuSample) -> float | None:
-    if not g.nvlinks:
-        return None
-    keys = ("crc_flit_errors", "crc_data_errors", "replay_errors", "recovery_errors")
-    return float(sum(int(link.get(k) or 0) for link in g.nvlinks for k in keys))
-
-
 GpuEvaluator = Callable[[Any, GpuSample, "GpuSample | None", float, bool], "Reading | None"]
 
 
@@ -182,7 +175,7 @@ def _pcie_degraded(sig: PcieDegraded, g: GpuSample, prev: GpuSample | None, dt: 
 def _nvlink_rate(sig: NvlinkRate, g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool) -> Reading | None:
     if not g.nvlinks:
         return None
-    rate = _rate_per_min(_nvlink_errors(g), _nvlink_errors(prev) if prev else None, dt)
+    rate = _rate_per_min(g.nvlink_errors, prev.nvlink_errors if prev else None, dt)
     return None if rate is None else Reading(rate >= sig.min_per_min, "nvlink_errors", rate, "per min", sig.min_per_min)
 
 
