@@ -260,3 +260,24 @@ def test_in_place_fold_equals_the_pure_one(seed: int) -> None:
         assert states.setdefault(s.sample.node, step.state) is step.state
         in_place += step.closed
     assert in_place == pure and len(pure) == 3 * 6 * 3
+
+
+def test_a_node_clock_ahead_does_not_carry_its_partitions_progress() -> None:
+    """n3's clock runs 400 s ahead on the partition n1 and n2 share: the windows of n1 and n2
+    still carry their partition's progress as their peers have it (within the progress's 5 s
+    lead), not n3's time (the detector would judge n1 and n2 silent on their partition)."""
+    c = Correlator(topic_name=lambda s: f"x.{s}", window_s=10, window_grace_s=5)
+    job = JobState(job_id="a", ts=T0 - 10, state="RUNNING", nodes=["n1", "n2"], gpus={"n1": [0], "n2": [0]})
+    assert c.handle("slurm.jobs", job.to_json()) == []
+    windows: list[JobWindow] = []
+    for s in range(60):
+        for node, ahead in (("n1", 0.0), ("n2", 0.0), ("n3", 400.0)):
+            sample = NodeSample(
+                node=node, ts=T0 + s + ahead, collector_id="c", source="simulated",
+                gpus=[GpuSample(index=0, utilization_gpu_pct=50.0)],
+            )  # fmt: skip
+            for o in c.handle("gpu.samples", sample.to_json(), node.encode(), 0, 3 * s):
+                if o.topic == "job.windows":
+                    windows.append(decode("job.windows", o.value))  # type: ignore[arg-type]
+    assert {w.node for w in windows} == {"n1", "n2"} and len(windows) >= 8
+    assert all(w.stream_ts is not None and w.window_end + 5 <= w.stream_ts <= w.window_end + 5 + 1 + 5 for w in windows)

@@ -285,3 +285,23 @@ def test_an_ended_jobs_starts_waiting_for_a_silent_node_are_evaluated_after_a_bo
     assert "88" not in d._windows and "88" not in d._history
     assert d._window_done["88"] == T0 + 30  # starts 0-3 were evaluated, the late n1 window too
     assert not d.__dict__.get("ending")
+
+
+def test_a_node_clock_ahead_does_not_evaluate_the_others_windows_before_they_come() -> None:
+    """n4's clock runs 400 s ahead (40 windows, past the 30-window backstop): the window starts
+    of n1-n3 are still evaluated only once all of them have reported, whole, none late. (Until
+    three nodes have reported, the upper median is the newest: with n4 and one other alone, a
+    start could go early; here n1-n3 report first.)"""
+    d = Detector(load_catalog())
+    _running(d, ["n1", "n2", "n3", "n4"])
+    for k in range(10):
+        for n in ("n1", "n2"):
+            for w in _windows(n, k):
+                d.on_window(w)
+        for w in _windows("n4", k + 40):
+            d.on_window(w)
+        for w in _windows("n3", k):
+            d.on_window(w)
+    assert d.late_windows == 0
+    groups = d._history["88"]
+    assert len(groups) >= 8 and all({w.node for w in g} == {"n1", "n2", "n3"} for g in groups)

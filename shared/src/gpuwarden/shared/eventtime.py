@@ -7,10 +7,16 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
-__all__ = ["EventTimeGuard"]
+__all__ = ["LIVE_ROUNDS", "PROGRESS_LEAD_S", "EventTimeGuard", "InputProgress"]
 
 DAY_S = 86400.0
+#: How far an input's progress may run ahead of the upper median of its live sources' newest
+#: event times, s (:class:`InputProgress`): more than one collector tick of normal spread.
+PROGRESS_LEAD_S = 5.0
+#: A source is live while one of its input's last ``LIVE_ROUNDS`` x (sources) records is its own.
+LIVE_ROUNDS = 3
 
 
 class EventTimeGuard:
@@ -68,3 +74,70 @@ class EventTimeGuard:
         if self.watermark is None or ts > self.watermark:
             self.watermark = ts
         return ts
+
+
+@dataclass
+class InputProgress:
+    """Event-time progress of one ordered input (a Kafka partition) that several sources (GPU
+    nodes) write to, robust to a minority of sources whose clock is wrong.
+
+    The progress is the newest event time read, but at most ``lead_s`` past the upper median of
+    the newest times of the *live* sources (those with a record among the input's last
+    ``rounds`` x (sources) records): one node whose clock runs minutes ahead does not carry the
+    input, and through it every other node of the fleet, past where its peers are (they would
+    all look silent). A source that runs behind, or replays a backlog, is below the median and
+    moves nothing. With one or two live sources it is the newest time read (two sources cannot
+    outvote each other: :meth:`live` still tells which of them keeps sending). Monotone.
+
+    The median is taken once per round (as many records as there are live sources), so a record
+    costs a few dict operations. Liveness is counted in records of this input, never in wall
+    time: the same input read at any speed gives the same progress. Memory: two floats and an
+    int per source ever seen (a fleet's nodes).
+
+    Attributes:
+        value: the progress, epoch s (``-inf`` before the first record).
+        count: records read.
+    """
+
+    lead_s: float = PROGRESS_LEAD_S
+    rounds: int = LIVE_ROUNDS
+    latest: dict[str, float] = field(default_factory=dict)
+    seen: dict[str, int] = field(default_factory=dict)
+    count: int = 0
+    high: float = -math.inf
+    bound: float = math.inf
+    next_round: int = 0
+    value: float = -math.inf
+
+    def __post_init__(self) -> None:
+        if self.lead_s < 0 or self.rounds < 1:
+            raise ValueError("lead_s must be >= 0 and rounds >= 1")
+
+    def observe(self, source: str, ts: float) -> float:
+        """Read one record of ``source`` at event time ``ts`` (epoch s); returns :attr:`value`."""
+        self.count += 1
+        self.seen[source] = self.count
+        if ts > self.latest.get(source, -math.inf):
+            self.latest[source] = ts
+        if ts > self.high:
+            self.high = ts
+        if self.count >= self.next_round:
+            horizon = self.count - self.rounds * len(self.seen)
+            live = sorted(self.latest[s] for s, c in self.seen.items() if c > horizon)
+            self.bound = live[len(live) // 2] + self.lead_s
+            self.next_round = self.count + len(live)
+        v = self.high if self.high <= self.bound else self.bound
+        if v > self.value:
+            self.value = v
+        return self.value
+
+    def live(self, source: str) -> bool:
+        """Whether ``source`` has a record among this input's last ``rounds`` x (sources) records
+        (False for a source never read)."""
+        c = self.seen.get(source)
+        return c is not None and self.count - c < self.rounds * len(self.seen)
+
+    def forget(self, source: str) -> None:
+        """Drop ``source`` (its node was removed); the progress is kept."""
+        self.latest.pop(source, None)
+        self.seen.pop(source, None)

@@ -42,6 +42,7 @@ from pydantic import ValidationError
 
 from gpuwarden.shared.allocations import Allocation, attribute_event, attributions_at
 from gpuwarden.shared.bus import dead_letter_of, decode
+from gpuwarden.shared.eventtime import InputProgress
 from gpuwarden.shared.metrics import ServiceMetrics
 from gpuwarden.shared.models import (
     AttributedEvent,
@@ -184,9 +185,11 @@ class Correlator:
         self.released = 0
         #: node -> partition of its input records (for checkpoints and revocation)
         self.partition_of: dict[str, int] = {}
-        #: gpu.samples partition -> newest sample ts joined from it (each job window carries its
-        #: partition's: the detector tells a silent node from a partition that is behind)
+        #: gpu.samples partition -> event-time progress of the samples joined from it (each job
+        #: window carries its partition's: the detector tells a silent node from a partition that
+        #: is behind), robust to a node whose clock runs ahead of its peers
         self.stream_ts: dict[int, float] = {}
+        self._progress: dict[int, InputProgress] = {}
         #: nodes whose window state changed since the last :meth:`take_dirty`
         self.dirty: set[str] = set()
         #: node -> (the allocations dict it was computed from, (coverage, GPU indices) -> attributions):
@@ -393,8 +396,10 @@ class Correlator:
         if step.late:
             self._late(node, sample.ts, step.late)
         partition = self.partition_of.get(node, 0)
-        if sample.ts > self.stream_ts.get(partition, -math.inf):
-            self.stream_ts[partition] = sample.ts
+        progress = self._progress.get(partition)
+        if progress is None:
+            progress = self._progress[partition] = InputProgress()
+        self.stream_ts[partition] = progress.observe(node, sample.ts)
         # The windows this sample closed come first: the order in which a consumer of every
         # output in turn (the in-process runner) saw them when they came from gpu.attributed.
         outs = self._window_outputs(node, step.closed)
@@ -475,6 +480,7 @@ class Correlator:
                 self.held_count -= len(queue)
         for p in partitions:
             self.stream_ts.pop(p, None)
+            self._progress.pop(p, None)
         return len(gone)
 
     def _attribute(

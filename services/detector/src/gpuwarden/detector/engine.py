@@ -43,6 +43,7 @@ from gpuwarden.shared.allocations import (
     expire,
     fan_out,
 )
+from gpuwarden.shared.eventtime import LIVE_ROUNDS, InputProgress
 from gpuwarden.shared.models import (
     AttributedEvent,
     AttributedSample,
@@ -79,7 +80,9 @@ from .render import Finding, render
 
 __all__ = ["Detector", "Episode"]
 
-IDLE_PARTITION_S = 300.0  # event time: a partition this far behind the newest counts as idle
+#: event time, s: a sample partition this far behind the newest that has also been quiet (below)
+#: counts as idle (all its nodes silent), not lagging: the watermark goes on without it
+IDLE_PARTITION_S = 300.0
 #: event time a collector may stamp an event before the samples it publishes with it (one tick
 #: of its kernel-log reader), s
 EVENT_LANE_MARGIN_S = 2.0
@@ -137,7 +140,13 @@ class Detector(EventEpisodes, JobWindows):
         self._node_states: dict[str, NodeState] = {}
         self._watermark = 0.0
         self._silence_checked = 0.0
-        self._part_watermarks: dict[int, float] = {}
+        #: gpu.samples partition (-1: one ordered stream) -> its event-time progress over its nodes
+        self._parts: dict[int, InputProgress] = {}
+        #: partition -> :attr:`_arrivals` at its newest record; node -> its partition
+        self._part_arrival: dict[int, int] = {}
+        self._node_part: dict[str, int] = {}
+        #: samples read, over every partition (the clock of a partition's quiet, in records)
+        self._arrivals = 0
         #: rule id -> its ``explain`` block: the pending-finding stage's rules (from the catalog)
         self._explain = catalog.explanations()
         #: every candidate failure leaves through this stage (:meth:`_release`)
@@ -160,7 +169,13 @@ class Detector(EventEpisodes, JobWindows):
 
         ``partition``: the Kafka partition the sample came from. The event-time watermark
         used for ``telemetry-silent`` is the minimum over partitions, so a consumer that
-        reads one partition ahead of another never makes the lagging nodes look silent.
+        reads one partition ahead of another never makes the lagging nodes look silent. A
+        partition's progress is robust to a node whose clock is wrong
+        (:class:`~gpuwarden.shared.eventtime.InputProgress`); a partition far behind the newest
+        (:data:`IDLE_PARTITION_S`) is left out of the minimum only once it has also been quiet
+        (no sample of it while LIVE_ROUNDS x the nodes known came): all its nodes stopped,
+        rather than one node's clock ran ahead of it. A node still sending is never
+        ``telemetry-silent``, whatever its clock says.
         """
         s = msg.sample
         node, ts = s.node, s.ts
@@ -257,7 +272,7 @@ class Detector(EventEpisodes, JobWindows):
         input time)."""
         if ts > self._input_high:
             self._input_high = ts
-        clock = self._watermark if self._part_watermarks else self._input_high
+        clock = self._watermark if self._parts else self._input_high
         if self._event_mark is not None:
             clock = min(clock, self._event_mark)
         ending = self.__dict__.get("ending")
@@ -387,10 +402,19 @@ class Detector(EventEpisodes, JobWindows):
         self._gpu_count_max[node] = max(self._gpu_count_max.get(node, 0), gpu_count)
         self._node_last[node] = max(self._node_last.get(node, 0.0), ts)
         key = -1 if partition is None else partition
-        self._part_watermarks[key] = max(self._part_watermarks.get(key, 0.0), ts)
-        newest = max(self._part_watermarks.values())
-        # a partition far behind the others is idle (all its nodes silent), not lagging
-        self._watermark = min(w for w in self._part_watermarks.values() if newest - w <= IDLE_PARTITION_S)
+        prog = self._parts.get(key)
+        if prog is None:
+            prog = self._parts[key] = InputProgress()
+        prog.observe(node, ts)
+        if self._node_part.get(node) != key:
+            self._node_part[node] = key
+        self._arrivals += 1
+        self._part_arrival[key] = self._arrivals
+        if len(self._parts) == 1:
+            self._watermark = prog.value
+        else:
+            newest = max(p.value for p in self._parts.values())
+            self._watermark = min(p.value for k, p in self._parts.items() if not self._idle(k, newest))
         advanced = self._watermark >= self._silence_checked + 1.0  # check silence once per event-time second
         if advanced:
             self._silence_checked = self._watermark
@@ -421,11 +445,34 @@ class Detector(EventEpisodes, JobWindows):
                 if advanced:
                     for other, last in sorted(self._node_last.items()):
                         gap = self._watermark - last
-                        if other == node or gap < sig.after_s or self._down(other):
+                        if other == node or gap < sig.after_s or self._down(other) or self._sending(other):
                             continue
                         reading = Reading(True, "seconds_since_sample", gap, "s", sig.after_s)
                         out += self._cond(rule, other, None, self._watermark, reading, None, "gpu.attributed")
         return out
+
+    def _idle(self, part: int, newest: float) -> bool:
+        """Whether sample partition ``part`` is idle: :data:`IDLE_PARTITION_S` behind ``newest``
+        and quiet (none of the last LIVE_ROUNDS x (nodes known) samples is of it).
+
+        Quiet is counted in samples, so it adds nothing where a partition is idle: 300 s of the
+        others are far more samples. Where one node's clock runs ahead, it keeps the others in.
+        Not airtight: a fetch that hands over more than 3 x (nodes) samples of the skewed
+        node's partition before the others' (a backlog read at high speed) can leave them out
+        until their next sample."""
+        p = self._parts[part]
+        if newest - p.value <= IDLE_PARTITION_S:
+            return False
+        return self._arrivals - self._part_arrival[part] > LIVE_ROUNDS * len(self._node_part)
+
+    def _sending(self, node: str) -> bool:
+        """Whether ``node`` is still sending: one of its partition's latest samples is its own
+        (:meth:`InputProgress.live`) and the partition is not idle."""
+        part = self._node_part.get(node)
+        prog = self._parts.get(part) if part is not None else None
+        if prog is None or not prog.live(node):
+            return False
+        return not self._idle(part, max(p.value for p in self._parts.values()))  # type: ignore[arg-type]
 
     def _down(self, node: str) -> bool:
         st = self._node_states.get(node)

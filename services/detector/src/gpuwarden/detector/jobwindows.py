@@ -27,7 +27,9 @@ __all__ = ["ENDED_JOBS_KEPT", "ENDED_WAIT_S", "STREAM_LAG", "WINDOW_LAG", "JobWi
 STREAM_LAG = 6
 #: The backstop: a job's window start is evaluated with the windows it has once the job's newest
 #: node is this many windows past it, whatever the partitions say (a node never reported, windows
-#: without a partition from an older correlator, a correlator partition down for this long).
+#: without a partition from an older correlator, a correlator partition down for this long). "The
+#: newest" is the upper median of the reporting nodes' newest window starts: one node of three or
+#: more whose clock runs ahead does not evaluate every other node's windows before they come.
 WINDOW_LAG = 30
 #: Ended jobs whose node count and last evaluated window start are kept (oldest dropped first):
 #: a job's last windows close after its end (the window grace, the Slurm hold) and still need both.
@@ -156,7 +158,7 @@ class JobWindows:
         if not groups:
             return []
         tally = self._window_tally[job_id]
-        backstop = max(tally) - WINDOW_LAG * size
+        backstop = _upper_median(tally) - WINDOW_LAG * size
         # every node of the job reported a newer window or is silent on its partition: only when
         # all the nodes Slurm gives the job have reported (one that has not yet is not ahead of
         # anything, and its partition is not known); never before the job's running state has
@@ -303,6 +305,19 @@ class JobWindows:
         self._history.pop(job_id, None)
         self._job_ctx.pop(job_id, None)
         self._job_starts.pop(job_id, None)
+
+
+def _upper_median(tally: dict[float, int]) -> float:
+    """The upper median of the nodes' newest window starts (``tally``: start -> how many nodes
+    have it as their newest; not empty): the newest with one or two nodes."""
+    if len(tally) == 1:
+        return next(iter(tally))
+    need = (sum(tally.values()) + 1) // 2
+    for start in sorted(tally, reverse=True):
+        need -= tally[start]
+        if need <= 0:
+            return start
+    return min(tally)  # pragma: no cover - the counts are positive
 
 
 def _count(tally: dict[float, int], old: float | None, new: float | None) -> None:

@@ -27,7 +27,7 @@ lists); everything else is an object with one tag key:
 =============  ==============================================================================
 
 Only classes of :data:`ALLOWED_MODULES` (the detector's own package, the message models,
-allocations) and the standard containers above can be named: reading a file never imports or
+allocations, event-time progress) and the standard containers above can be named: reading a file never imports or
 calls anything else, and a file that names another class is refused with ``ValueError``.
 """
 
@@ -50,7 +50,12 @@ __all__ = ["ALLOWED_MODULES", "FORMAT", "SnapshotError", "dumps", "loads"]
 FORMAT = "gpuwarden-detector-state"
 
 #: Modules whose classes a state file may name (and their submodules, for the detector's package).
-ALLOWED_MODULES = ("gpuwarden.detector", "gpuwarden.shared.models", "gpuwarden.shared.allocations")
+ALLOWED_MODULES = (
+    "gpuwarden.detector",
+    "gpuwarden.shared.models",
+    "gpuwarden.shared.allocations",
+    "gpuwarden.shared.eventtime",
+)
 
 #: ``defaultdict`` factories a file may name.
 _FACTORIES: dict[str, Callable[[], Any]] = {"list": list, "set": set, "dict": dict, "int": int, "float": float}
