@@ -136,8 +136,3 @@ class InputProgress:
         (False for a source never read)."""
         c = self.seen.get(source)
         return c is not None and self.count - c < self.rounds * len(self.seen)
-
-    def forget(self, source: str) -> None:
-        """Drop ``source`` (its node was removed); the progress is kept."""
-        self.latest.pop(source, None)
-        self.seen.pop(source, None)

@@ -468,11 +468,10 @@ class Detector(EventEpisodes, JobWindows):
     def _sending(self, node: str) -> bool:
         """Whether ``node`` is still sending: one of its partition's latest samples is its own
         (:meth:`InputProgress.live`) and the partition is not idle."""
-        part = self._node_part.get(node)
-        prog = self._parts.get(part) if part is not None else None
-        if prog is None or not prog.live(node):
+        part = self._node_part.get(node, None)
+        if part is None or not self._parts[part].live(node):
             return False
-        return not self._idle(part, max(p.value for p in self._parts.values()))  # type: ignore[arg-type]
+        return not self._idle(part, max(p.value for p in self._parts.values()))
 
     def _down(self, node: str) -> bool:
         st = self._node_states.get(node)

@@ -27,8 +27,9 @@ lists); everything else is an object with one tag key:
 =============  ==============================================================================
 
 Only classes of :data:`ALLOWED_MODULES` (the detector's own package, the message models,
-allocations, event-time progress) and the standard containers above can be named: reading a file never imports or
-calls anything else, and a file that names another class is refused with ``ValueError``.
+allocations, event-time progress) and the standard containers above can be named: reading a
+file never imports or calls anything else, and a file that names another class is refused
+with ``ValueError``.
 """
 
 from __future__ import annotations
