@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuwarden.shared.models import Action, Category, CostEstimate, Failure, NodeState, Severity
+from gpuwarden.shared.models import Action, Category, CostEstimate, Failure, GpuSample, NodeState, Severity
 
 
 def make_failure(**overrides: Any) -> Failure:
@@ -46,3 +46,37 @@ def node_states(n: int, ts: float, drained: dict[str, str] | None = None) -> lis
         )
         for name in (f"gpu-node-{i:03d}" for i in range(1, n + 1))
     ]
+
+
+def healthy_gpu(index: int, **kw: Any) -> GpuSample:
+    """A busy, healthy H100 reading of GPU ``index`` with every health field (18 NVLinks, one
+    compute process); ``kw`` overrides fields."""
+    base: dict[str, Any] = dict(
+        index=index,
+        uuid=f"GPU-{index}",
+        pci_bus_id=f"0000:{0x18 + index:02x}:00.0",
+        name="NVIDIA H100 80GB HBM3",
+        utilization_gpu_pct=96.0,
+        memory_used_mib=70_000.0,
+        memory_total_mib=81_559.0,
+        temperature_c=66.0,
+        power_w=640.0,
+        power_limit_w=700.0,
+        sm_clock_mhz=1980.0,
+        max_sm_clock_mhz=1980.0,
+        throttle_reasons=[],
+        ecc_sbe_volatile=0,
+        ecc_dbe_volatile=0,
+        remapped_rows_pending=False,
+        remapped_rows_failure=False,
+        retired_pages_pending=False,
+        pcie_replay_count=0,
+        pcie_link_gen=5,
+        pcie_link_gen_max=5,
+        pcie_link_width=16,
+        pcie_link_width_max=16,
+        processes=[{"pid": 4242, "used_memory_mib": 69_000.0}],
+        nvlinks=[{"link": i, "active": True, "crc_flit_errors": 0, "replay_errors": 0} for i in range(18)],
+    )
+    base.update(kw)
+    return GpuSample(**base)

@@ -12,28 +12,13 @@ import math
 
 import pytest
 
+from factories import healthy_gpu
 from gpuwarden.detector import Detector, load_catalog
 from gpuwarden.shared.eventtime import InputProgress
-from gpuwarden.shared.models import AttributedSample, Failure, GpuAttribution, GpuSample, NodeSample
+from gpuwarden.shared.models import AttributedSample, Failure, GpuAttribution, NodeSample
 
 T0 = 1_700_000_000.0
 NODES = [f"gpu-node-{i:03d}" for i in range(8)]
-
-
-def _gpu(index: int) -> GpuSample:
-    return GpuSample(
-        index=index,
-        uuid=f"GPU-{index}",
-        pci_bus_id=f"0000:{0x18 + index:02x}:00.0",
-        name="NVIDIA H100 80GB HBM3",
-        utilization_gpu_pct=96.0,
-        memory_used_mib=70_000.0,
-        memory_total_mib=81_559.0,
-        temperature_c=66.0,
-        power_w=640.0,
-        power_limit_w=700.0,
-        sm_clock_mhz=1980.0,
-    )
 
 
 def _run(
@@ -53,7 +38,9 @@ def _run(
         for n in nodes:
             if s >= stops.get(n, math.inf):
                 continue
-            sample = NodeSample(node=n, ts=T0 + s + skew.get(n, 0.0), collector_id="t", source="test", gpus=[_gpu(0)])
+            sample = NodeSample(
+                node=n, ts=T0 + s + skew.get(n, 0.0), collector_id="t", source="test", gpus=[healthy_gpu(0)]
+            )
             out += d.on_sample(AttributedSample(sample=sample, jobs=[job]), partition=partition_of[n])
     return out + d.flush()
 

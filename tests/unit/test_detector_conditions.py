@@ -10,6 +10,7 @@ import hypothesis
 import pytest
 from hypothesis import strategies as st
 
+from factories import healthy_gpu as healthy
 from gpuwarden.detector import Detector, load_catalog
 from gpuwarden.shared.models import (
     AttributedEvent,
@@ -19,7 +20,6 @@ from gpuwarden.shared.models import (
     FailureState,
     GpuAttribution,
     GpuEvent,
-    GpuSample,
     HealthCheckResult,
     JobState,
     JobWindow,
@@ -28,38 +28,6 @@ from gpuwarden.shared.models import (
 
 T0 = 1_700_000_000.0
 JOB = GpuAttribution(gpu_index=0, job_id="77", user="alice", partition="gpu", job_start_ts=T0 - 600, job_gpus=16)
-
-
-def healthy(index: int, **kw: Any) -> GpuSample:
-    base: dict[str, Any] = dict(
-        index=index,
-        uuid=f"GPU-{index}",
-        pci_bus_id=f"0000:{0x18 + index:02x}:00.0",
-        name="NVIDIA H100 80GB HBM3",
-        utilization_gpu_pct=96.0,
-        memory_used_mib=70_000.0,
-        memory_total_mib=81_559.0,
-        temperature_c=66.0,
-        power_w=640.0,
-        power_limit_w=700.0,
-        sm_clock_mhz=1980.0,
-        max_sm_clock_mhz=1980.0,
-        throttle_reasons=[],
-        ecc_sbe_volatile=0,
-        ecc_dbe_volatile=0,
-        remapped_rows_pending=False,
-        remapped_rows_failure=False,
-        retired_pages_pending=False,
-        pcie_replay_count=0,
-        pcie_link_gen=5,
-        pcie_link_gen_max=5,
-        pcie_link_width=16,
-        pcie_link_width_max=16,
-        processes=[{"pid": 4242, "used_memory_mib": 69_000.0}],
-        nvlinks=[{"link": i, "active": True, "crc_flit_errors": 0, "replay_errors": 0} for i in range(18)],
-    )
-    base.update(kw)
-    return GpuSample(**base)
 
 
 def run(
