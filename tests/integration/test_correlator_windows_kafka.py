@@ -18,6 +18,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
 from gpuwarden.shared.models import GpuSample, JobState, JobWindow, NodeSample, SlurmWatermark
@@ -37,30 +38,47 @@ class Workers:
 
     def start(self) -> tuple[subprocess.Popen[bytes], int]:
         port = free_port()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gpuwarden.correlator"],
-            env={**self.env, "GPUWARDEN_HTTP_PORT": str(port)},
-            start_new_session=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
+        # The log goes to a file: a pipe nobody reads fills (64 KiB of INFO lines under load)
+        # and blocks the worker on its next log line.
+        fd, path = tempfile.mkstemp(prefix="correlator-worker-", suffix=".log")
+        with os.fdopen(fd, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "gpuwarden.correlator"],
+                env={**self.env, "GPUWARDEN_HTTP_PORT": str(port)},
+                start_new_session=True,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        LOGS[proc.pid] = path
         self.procs.append((proc, port))
         return proc, port
 
     def stop(self, proc: subprocess.Popen[bytes]) -> str:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(60)
-        out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+        out = log_of(proc)
         assert rc == 0, out[-4000:]
         return out
+
+    def logs(self) -> str:
+        """The tail of every worker's log (for a failure message)."""
+        return "".join(f"\n--- worker {p.pid} ({LOGS[p.pid]}) ---\n{log_of(p)[-3000:]}" for p, _ in self.procs)
 
     def kill_all(self) -> None:
         for proc, _ in self.procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
-            if proc.stdout:
-                proc.stdout.close()
+
+
+#: worker pid -> its log file
+LOGS: dict[int, str] = {}
+
+
+def log_of(proc: subprocess.Popen[bytes]) -> str:
+    """A worker's log so far."""
+    with open(LOGS[proc.pid], "rb") as f:
+        return f.read().decode(errors="replace")
 
 
 @pytest.fixture
@@ -95,7 +113,7 @@ async def wait_for(cond: Any, what: str, procs: list[subprocess.Popen[bytes]], t
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for p in procs:
-            assert p.poll() is None, (p.stdout.read().decode(errors="replace") if p.stdout else "")[-4000:]
+            assert p.poll() is None, log_of(p)[-4000:]
         try:
             if await asyncio.to_thread(cond):
                 return
@@ -302,12 +320,10 @@ async def test_open_windows_survive_a_worker_crash_after_a_commit(
         }
         os.killpg(b.pid, signal.SIGKILL)
         b.wait(10)
-        log = b.stdout.read().decode(errors="replace") if b.stdout else ""
+        log = log_of(b)
         marks = ("ecover", "esum", "changelog", "first", "ssign", "|")
         keep = [ln for ln in log.splitlines() if any(k in ln for k in marks)]
-        fd, full = tempfile.mkstemp(prefix="correlator-worker-b-", suffix=".log")
-        with os.fdopen(fd, "w") as f:
-            f.write(log)
+        full = LOGS[b.pid]
         pytest.fail(
             f"worker b lost a reading: {seen}\nworker b's log ({full}; recovery lines):\n" + "\n".join(keep[-80:])
         )
@@ -321,6 +337,8 @@ async def _group_members(bootstrap: str, group: str) -> tuple[str, int]:
         [resp] = await admin.describe_consumer_groups([group])
         g = resp.groups[0]
         return g[2], len(g[5])
+    except KafkaError:  # a fresh broker has no group coordinator until __consumer_offsets exists
+        return "", 0
     finally:
         await admin.close()
 
@@ -361,8 +379,9 @@ async def test_two_workers_split_partitions_and_produce_each_window_once(
     wins = await read_windows(kafka_bootstrap, t("job.windows"), expected)
 
     keys = [key(w) for _, w in wins]
-    assert len(keys) == len(set(keys)), "a window was produced twice"
-    assert sorted(keys) == sorted(("3001", n, g, T0 + s) for n in nodes for g in (0, 1) for s in (0.0, 10.0, 20.0))
+    assert len(keys) == len(set(keys)), "a window was produced twice" + workers.logs()
+    want = sorted(("3001", n, g, T0 + s) for n in nodes for g in (0, 1) for s in (0.0, 10.0, 20.0))
+    assert sorted(keys) == want, f"missing {sorted(set(want) - set(keys))}" + workers.logs()
     assert all(k == b"3001" for k, _ in wins)
     assert sorted({w.samples for _, w in wins}) == [5, 10]
     assert all(w.job_gpus == 2 * len(nodes) for _, w in wins)

@@ -131,3 +131,25 @@ async def _traffic(bootstrap: str, prefix: str, workers: list[_Recording], nodes
         by = {t: [w.worker_id for w in workers if (t, node) in w.seen] for t in ("gpu.attributed", "gpu.events")}
         assert len(by["gpu.attributed"]) == 1 and by["gpu.attributed"] == by["gpu.events"], (node, by)
     assert sum(1 for w in workers if w.seen) > 1  # the nodes were spread, not all on one worker
+
+
+async def test_a_worker_joins_each_group_in_one_round(kafka_bootstrap: str, monkeypatch) -> None:
+    """One JoinGroup per join. aiokafka 0.14 sends a JoinGroup for each prefix of the assignor
+    list (aio-libs/aiokafka#1168, unmerged): with a fallback assignor after gpuwarden-affinity,
+    every join was two, the second with other metadata, which starts another rebalance; two
+    correlator workers under load kept each other rebalancing for minutes (generation 131 after
+    a minute, no window produced). A lone member's first generation is 1."""
+    prefix = f"g{uuid.uuid4().hex[:8]}."
+    await create_topics(kafka_bootstrap, prefix, partitions=PARTITIONS)
+    monkeypatch.setenv("GPUWARDEN_BOOTSTRAP_SERVERS", kafka_bootstrap)
+    monkeypatch.setenv("GPUWARDEN_TOPIC_PREFIX", prefix)
+    monkeypatch.setenv("GPUWARDEN_CONSUMER_GROUP", f"{prefix}detector")
+    w = DetectorService(DetectorSettings())
+    await w.start()
+    try:
+        await _wait_settled([w])
+        # aiokafka has no public accessor for the generation a member holds
+        generations = [c._consumer._coordinator.generation for c in w._consumers]  # type: ignore[union-attr]
+        assert generations == [1] * len(w._consumers), generations
+    finally:
+        await w.stop()

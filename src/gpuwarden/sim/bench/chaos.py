@@ -582,6 +582,26 @@ class _Chaos:
                 self.fig.crashes += len(lines)
                 self.fig.notes.append(f"{sp.name}: {len(lines)} crash(es) in its log, first: {lines[0][:400]}")
 
+    def _reads_again_in_logs(self) -> None:
+        """Note, per service, the log lines of what makes a consumer read records again or stall
+        (a failed delivery, a group (re)join, an expired session): what a run that did not stop
+        every hostile record once, or did not drain, needs to be understood from its output."""
+        assert self.pl is not None
+        marks = {
+            "outputs not delivered": "outputs not delivered",
+            "group joins": "Joined group",
+            "sessions expired": "Heartbeat session expired",
+            "dead letters already on the broker": "its dead letter is already on the broker",
+        }
+        for sp in self.pl.procs:
+            try:
+                text = sp.log.read_text(errors="replace")
+            except OSError:
+                continue
+            counts = {k: text.count(m) for k, m in marks.items()}
+            if any(counts.values()):
+                self.fig.notes.append(f"{sp.name} log: {counts} (lines; rate-limited lines count once)")
+
     def _figures(self, foreign_node: str, state_file: Path) -> None:
         assert self.pl is not None
         from gpuwarden.demo.scoring import score
@@ -615,6 +635,8 @@ class _Chaos:
         self.fig.dead_lettered, by_service = self.dead_lettered()
         self.fig.stopped_at_edge, self.fig.leaked, hostile_by = self.hostile_stopped()
         self.fig.timings["dead letters of hostile records, by service"] = dict(hostile_by)  # type: ignore[assignment]
+        if self.fig.stopped_at_edge != self.fig.hostile or any("did not drain" in n for n in self.fig.notes):
+            self._reads_again_in_logs()
         self.fig.timings["dead letters of fuzz records, by service"] = dict(by_service)  # type: ignore[assignment]
         injected = [(p, o) for (t, p, o) in (*self.injected, *self.hostile) if t == f"{self.pl.prefix}gpu.samples"]
         loss = self.ledger.loss(exclude=injected)

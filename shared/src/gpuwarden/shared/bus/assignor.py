@@ -25,9 +25,13 @@ worker (:data:`gpuwarden.shared.topics.COPARTITION_GROUPS` keeps those counts eq
 groups rebalance (a worker joins or leaves), one may run on the new layout a moment before the
 other; they agree again when both have settled.
 
-Each consumer also offers aiokafka's round-robin assignor second, so a group that still has a
-member of an older version (which offers only round robin) keeps working during a rolling
-upgrade (Kafka picks the protocol every member supports).
+A consumer offers this assignor alone. aiokafka 0.14 sends one JoinGroup per prefix of the
+assignor list (aio-libs/aiokafka#1168, not merged): with round robin offered second as a
+fallback, each join was two JoinGroups with different metadata, the second starting another
+rebalance, and two workers under load kept their group rebalancing for minutes. The cost: a
+worker of a version before this assignor (round robin only) and one of this version cannot share
+a group (Kafka refuses the join with INCONSISTENT_GROUP_PROTOCOL), so an upgrade from such a
+version stops every worker of the service before starting the new ones.
 """
 
 from __future__ import annotations

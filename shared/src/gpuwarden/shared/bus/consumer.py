@@ -84,6 +84,12 @@ class Consumer:
         self._short = {settings.topic(t): t for t in self.topics}
         self._handled: dict[TopicPartition, int] = {}  # next offset after the last handled record
         self._committed: dict[TopicPartition, int] = {}
+        #: records dead-lettered above the committed offset, with their dead letter's delivery:
+        #: a record read again (outputs not confirmed, or a rebalance that gave this member its
+        #: partition back) whose dead letter the broker confirmed is not dead-lettered twice
+        self._dead: dict[TopicPartition, dict[int, asyncio.Future[Any]]] = {}
+        self.repeats = 0
+        """Records read again whose dead letter was already confirmed (not sent again)."""
         self._stopping = False
         self.before_commit: Callable[[bool], Awaitable[bool]] | None = None
         """Called before offsets are committed (``force`` on stop); False defers the commit."""
@@ -141,11 +147,12 @@ class Consumer:
             # larger batches for a high-volume lane; at most 100 ms more latency)
             fetch_min_bytes=self._fetch_min_bytes,
             # a worker's lanes (one group each) get the same partition numbers: a node's samples
-            # and events meet on one worker; round robin for members of an older version
+            # and events meet on one worker. One assignor only: aiokafka 0.14 sends a JoinGroup
+            # per prefix of the list (aio-libs/aiokafka#1168), and the second, with other
+            # metadata, starts another rebalance (two workers under load kept a group
+            # rebalancing for minutes)
             partition_assignment_strategy=(
-                (AffinityAssignor(self.worker_id), RoundRobinPartitionAssignor)
-                if self.worker_id
-                else (RoundRobinPartitionAssignor,)
+                (AffinityAssignor(self.worker_id),) if self.worker_id else (RoundRobinPartitionAssignor,)
             ),
         )
         try:
@@ -220,6 +227,18 @@ class Consumer:
         if offsets:
             await c.commit(offsets)
             self._committed.update(offsets)
+            self._forget_dead(offsets, c.assignment())
+
+    def _forget_dead(self, committed: dict[TopicPartition, int], assigned: Any) -> None:
+        """Drop the remembered dead letters below the committed offsets, and those of
+        partitions no longer assigned (their next owner reads from the commit)."""
+        for tp in list(self._dead):
+            if tp not in assigned:
+                del self._dead[tp]
+            elif tp in committed:
+                done = self._dead[tp]
+                for off in [o for o in done if o < committed[tp]]:
+                    del done[off]
 
     async def commit_now(self, force: bool = True) -> None:
         """Commit what is handled now (a revocation: before the partitions go to another member)."""
@@ -396,14 +415,30 @@ class Consumer:
 
         The dead letter is confirmed with the batch's other outputs, before any offset that
         covers ``rec`` is committed (a flood of bad records costs no round trip per record); if
-        the broker does not confirm it, nothing is committed and ``rec`` is read again.
+        the broker does not confirm it, nothing is committed and ``rec`` is read again. A record
+        read again by this member before its offset is committed (the batch's other outputs were
+        not confirmed, or a rebalance gave the partition back) whose dead letter the broker did
+        confirm is not dead-lettered again (counted in :attr:`repeats`); after a crash or on
+        another member it may be (at-least-once: the dead letter names its source topic,
+        partition and offset).
         """
+        tp = TopicPartition(rec.topic, rec.partition)
+        before = self._dead.get(tp, {}).get(rec.offset)
+        if before is not None and before.done() and not before.cancelled() and before.exception() is None:
+            self.repeats += 1
+            log.info("%s: %s[%s]@%s read again; its dead letter is already on the broker", self.service, short,
+                     rec.partition, rec.offset, extra={"rate_limited": True})  # fmt: skip
+            return
         log.warning("%s: dead-lettering %s[%s]@%s: %s", self.service, short, rec.partition, rec.offset, error[:300],
                     extra={"rate_limited": True})  # fmt: skip
         self._metrics.dead_lettered.labels(short).inc()
         topic = self._settings.topic(short)
         dl = dead_letter_of(self.service, topic, rec.partition, rec.offset, rec.key, rec.value, error, time.time())
-        await self._producer.publish("deadletter", topic, dl)
+        send = getattr(self._producer, "send", None)
+        if send is None:  # a publisher without delivery futures (tests): nothing to remember
+            await self._producer.publish("deadletter", topic, dl)
+            return
+        self._dead.setdefault(tp, {})[rec.offset] = await send("deadletter", topic, dl)
 
 
 def _short_error(exc: Exception) -> str:
