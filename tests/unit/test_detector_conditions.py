@@ -3,6 +3,7 @@ healthy fleet and on near misses (shorter than ``for_s``), in event time."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ from gpuwarden.shared.models import (
     FailureState,
     GpuAttribution,
     GpuEvent,
+    GpuSample,
     HealthCheckResult,
     JobState,
     JobWindow,
@@ -546,3 +548,135 @@ def test_the_shipped_start_up_changes_no_idle_allocation() -> None:
     start-up, so the stage holds nothing of it: the first idle allocation is where it was."""
     fired = [f for _, f in _run_with(load_catalog(), _idle_until(60), 60) if f.pattern == "idle-allocation"]
     assert fired[0].first_seen == T0 + 310
+
+
+def _maybe(strategy: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """``strategy`` three times in four, else None (a field the GPU does not report)."""
+    return st.one_of(strategy, strategy, strategy, st.none())
+
+
+_OPT_FLOAT = _maybe(st.floats(0, 2000, allow_nan=False))
+_OPT_COUNT = _maybe(st.integers(0, 3))  # small: a rise from the previous reading is common
+_LINKS = _maybe(
+    st.lists(
+        st.fixed_dictionaries(
+            {
+                "link": st.integers(0, 17),
+                "active": st.booleans(),
+                "crc_flit_errors": st.integers(0, 3),
+                "replay_errors": st.integers(0, 3),
+            }
+        ),
+        max_size=4,
+    )
+)
+_REASONS = [
+    "gpu_idle",
+    "sw_power_cap",
+    "hw_slowdown",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+]
+
+
+@st.composite
+def _gpu_reading(draw: st.DrawFn) -> GpuSample:
+    return GpuSample(
+        index=0,
+        utilization_gpu_pct=draw(_maybe(st.floats(0, 100))),
+        power_w=draw(_OPT_FLOAT),
+        power_limit_w=draw(_OPT_FLOAT),
+        sm_clock_mhz=draw(_OPT_FLOAT),
+        max_sm_clock_mhz=draw(_OPT_FLOAT),
+        memory_used_mib=draw(_maybe(st.floats(0, 90000))),
+        processes=draw(
+            _maybe(st.lists(st.fixed_dictionaries({"type": st.sampled_from(["C", "G", "C+G"])}), max_size=2))
+        ),
+        throttle_reasons=draw(st.lists(st.sampled_from(_REASONS), max_size=3)),
+        ecc_sbe_volatile=draw(_OPT_COUNT),
+        ecc_dbe_volatile=draw(_OPT_COUNT),
+        pcie_replay_count=draw(_OPT_COUNT),
+        retired_pages=draw(_OPT_COUNT),
+        remapped_rows_pending=draw(_maybe(st.booleans())),
+        remapped_rows_failure=draw(_maybe(st.booleans())),
+        retired_pages_pending=draw(_maybe(st.booleans())),
+        pcie_link_gen=draw(_maybe(st.integers(1, 5))),
+        pcie_link_gen_max=draw(_maybe(st.integers(1, 5))),
+        pcie_link_width=draw(_maybe(st.sampled_from([1, 4, 8, 16]))),
+        pcie_link_width_max=draw(_maybe(st.sampled_from([8, 16]))),
+        nvlinks=draw(_LINKS),
+    )
+
+
+@functools.cache
+def _gpu_rules() -> list[tuple[Any, Any]]:
+    from gpuwarden.detector.conditions import gpu_evaluator
+
+    return [(c, gpu_evaluator(c.signal)) for c in load_catalog().conditions if c.scope == "gpu"]
+
+
+def _nv(errors: int) -> list[dict[str, Any]]:
+    return [{"link": 0, "active": True, "crc_flit_errors": errors, "replay_errors": 0}]
+
+
+#: unhealthy just past each threshold, where a random draw rarely lands
+_EDGES = [
+    (
+        GpuSample(
+            index=0,
+            pcie_link_gen=3,
+            pcie_link_gen_max=5,
+            pcie_link_width=16,
+            pcie_link_width_max=16,
+            utilization_gpu_pct=90.0,
+        ),
+        None,
+    ),
+    (
+        GpuSample(
+            index=0,
+            sm_clock_mhz=1100.0,
+            max_sm_clock_mhz=1980.0,
+            utilization_gpu_pct=90.0,
+            power_w=300.0,
+            power_limit_w=700.0,
+        ),
+        None,
+    ),
+    (GpuSample(index=0, nvlinks=_nv(4)), GpuSample(index=0, nvlinks=_nv(3))),
+    (
+        GpuSample(index=0, ecc_sbe_volatile=5, ecc_dbe_volatile=1),
+        GpuSample(index=0, ecc_sbe_volatile=4, ecc_dbe_volatile=0),
+    ),
+    (
+        GpuSample(index=0, nvlinks=[{"link": 2, "active": False}], memory_used_mib=2048.0, remapped_rows_pending=True),
+        None,
+    ),
+]
+
+
+@hypothesis.settings(max_examples=1000, deadline=None)
+@hypothesis.example(g=_EDGES[0][0], prev=_EDGES[0][1], dt=5.0, has_job=True)
+@hypothesis.example(g=_EDGES[1][0], prev=_EDGES[1][1], dt=5.0, has_job=True)
+@hypothesis.example(g=_EDGES[2][0], prev=_EDGES[2][1], dt=5.0, has_job=True)
+@hypothesis.example(g=_EDGES[3][0], prev=_EDGES[3][1], dt=5.0, has_job=True)
+@hypothesis.example(g=_EDGES[4][0], prev=_EDGES[4][1], dt=1.0, has_job=False)
+@hypothesis.given(
+    g=_gpu_reading(),
+    prev=st.one_of(st.none(), _gpu_reading()),
+    dt=st.sampled_from([0.0, 1.0, 5.0]),
+    has_job=st.booleans(),
+)
+def test_a_gpu_evaluator_asked_for_unhealthy_readings_only_drops_only_healthy_ones(
+    g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool
+) -> None:
+    """``full=False`` (the engine, for a GPU with no open tracker) may turn a healthy reading
+    into None and changes nothing else: every GPU rule of the shipped catalog, random readings."""
+    for rule, fn in _gpu_rules():
+        whole = fn(rule.signal, g, prev, dt, has_job, True)
+        short = fn(rule.signal, g, prev, dt, has_job, False)
+        if whole is not None and whole.unhealthy:
+            assert short == whole, rule.id
+        else:
+            assert short is None or short == whole, rule.id

@@ -200,7 +200,11 @@ class Detector(EventEpisodes, JobWindows):
                     if tracked:
                         self._interrupt(rule, node, g.index)
                     continue
-                reading = evaluate(sig, g, p_nv, dt_nv, has_job) if nvlink else evaluate(sig, g, p_prev, dt, has_job)
+                # a GPU with no tracker needs only the unhealthy readings (full=tracked)
+                if nvlink:
+                    reading = evaluate(sig, g, p_nv, dt_nv, has_job, tracked)
+                else:
+                    reading = evaluate(sig, g, p_prev, dt, has_job, tracked)
                 if reading is not None and (tracked or reading.unhealthy):
                     found = cond(rule, node, g.index, ts, reading, job, "gpu.attributed")
                     if found:

@@ -107,10 +107,16 @@ def _rate_per_min(cur: float | None, prev: float | None, dt: float) -> float | N
     return max(0.0, cur - prev) * 60.0 / dt
 
 
-GpuEvaluator = Callable[[Any, GpuSample, "GpuSample | None", float, bool], "Reading | None"]
+#: ``(signal, reading, previous reading, dt s, has_job, full)`` -> a reading or None. With
+#: ``full`` False a healthy reading may come back as None, before its evidence text is built:
+#: the engine asks so for a GPU with no open tracker, which only an unhealthy reading changes
+#: (most GPUs, most of the time).
+GpuEvaluator = Callable[[Any, GpuSample, "GpuSample | None", float, bool, bool], "Reading | None"]
 
 
-def _throttle(sig: Throttle, g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool) -> Reading | None:
+def _throttle(
+    sig: Throttle, g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool, full: bool = True
+) -> Reading | None:
     reasons = g.throttle_reasons
     active = sorted(sig.reason_set.intersection(reasons)) if reasons else []
     if (
@@ -122,6 +128,8 @@ def _throttle(sig: Throttle, g: GpuSample, prev: GpuSample | None, dt: float, ha
     ):
         active = ["power_at_limit"]
     bad = bool(active)
+    if not bad and not full:
+        return None
     if bad and sig.clock_ratio_below is not None:
         if g.sm_clock_mhz is None or not g.max_sm_clock_mhz:
             return None
@@ -129,20 +137,34 @@ def _throttle(sig: Throttle, g: GpuSample, prev: GpuSample | None, dt: float, ha
     return Reading(bad, "throttle_reasons", ",".join(active) if active else "none", None, sig.reasons_text)
 
 
-def _flag(sig: Flag, g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool) -> Reading | None:
+def _flag(
+    sig: Flag, g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool, full: bool = True
+) -> Reading | None:
     flag = getattr(g, sig.field)
-    return None if flag is None else Reading(bool(flag), sig.field, str(bool(flag)).lower(), None, "false")
+    if flag is None or (not flag and not full):
+        return None
+    return Reading(bool(flag), sig.field, str(bool(flag)).lower(), None, "false")
 
 
-def _counter_rate(sig: CounterRate, g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool) -> Reading | None:
+def _counter_rate(
+    sig: CounterRate, g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool, full: bool = True
+) -> Reading | None:
     cur = getattr(g, sig.field)
     if cur is None:
         return None
+    if not full:  # healthy unless the counter rose (min_per_min > 0)
+        before = getattr(prev, sig.field) if prev is not None else None
+        if before is None or cur <= before:
+            return None
     rate = _rate_per_min(cur, getattr(prev, sig.field) if prev else None, dt)
-    return None if rate is None else Reading(rate >= sig.min_per_min, sig.field, rate, "per min", sig.min_per_min)
+    if rate is None or (not full and rate < sig.min_per_min):
+        return None
+    return Reading(rate >= sig.min_per_min, sig.field, rate, "per min", sig.min_per_min)
 
 
-def _clock_low(sig: ClockLow, g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool) -> Reading | None:
+def _clock_low(
+    sig: ClockLow, g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool, full: bool = True
+) -> Reading | None:
     if g.sm_clock_mhz is None or not g.max_sm_clock_mhz or g.utilization_gpu_pct is None:
         return None
     ratio = g.sm_clock_mhz / g.max_sm_clock_mhz
@@ -155,10 +177,14 @@ def _clock_low(sig: ClockLow, g: GpuSample, prev: GpuSample | None, dt: float, h
             and g.power_w >= sig.max_power_ratio * (g.power_limit_w or 0)
         )
         bad = not throttled and not capped
+    if not bad and not full:
+        return None
     return Reading(bad, "sm_clock_ratio", ratio, "ratio", sig.ratio_below)
 
 
-def _pcie_degraded(sig: PcieDegraded, g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool) -> Reading | None:
+def _pcie_degraded(
+    sig: PcieDegraded, g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool, full: bool = True
+) -> Reading | None:
     if g.pcie_link_width is None or g.pcie_link_width_max is None:
         return None
     width_bad = g.pcie_link_width < g.pcie_link_width_max
@@ -168,26 +194,36 @@ def _pcie_degraded(sig: PcieDegraded, g: GpuSample, prev: GpuSample | None, dt: 
         and g.pcie_link_gen < g.pcie_link_gen_max
         and (g.utilization_gpu_pct or 0) >= sig.min_utilization_pct
     )
+    if not full and not (width_bad or gen_bad):
+        return None
     value = f"gen{g.pcie_link_gen} x{g.pcie_link_width}"
     return Reading(width_bad or gen_bad, "pcie_link", value, None, f"gen{g.pcie_link_gen_max} x{g.pcie_link_width_max}")
 
 
-def _nvlink_rate(sig: NvlinkRate, g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool) -> Reading | None:
+def _nvlink_rate(
+    sig: NvlinkRate, g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool, full: bool = True
+) -> Reading | None:
     if not g.nvlinks:
         return None
     rate = _rate_per_min(g.nvlink_errors, prev.nvlink_errors if prev else None, dt)
-    return None if rate is None else Reading(rate >= sig.min_per_min, "nvlink_errors", rate, "per min", sig.min_per_min)
+    if rate is None or (not full and rate < sig.min_per_min):
+        return None
+    return Reading(rate >= sig.min_per_min, "nvlink_errors", rate, "per min", sig.min_per_min)
 
 
-def _nvlink_down(sig: NvlinkDown, g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool) -> Reading | None:
+def _nvlink_down(
+    sig: NvlinkDown, g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool, full: bool = True
+) -> Reading | None:
     if not g.nvlinks:
         return None
     down = [str(link.get("link")) for link in g.nvlinks if link.get("active") is False]
+    if not down and not full:
+        return None
     return Reading(bool(down), "nvlink_inactive", ",".join(down) or "none", "links", "none")
 
 
 def _memory_without_job(
-    sig: MemoryWithoutJob, g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool
+    sig: MemoryWithoutJob, g: GpuSample, prev: GpuSample | None, dt: float, has_job: bool, full: bool = True
 ) -> Reading | None:
     if g.memory_used_mib is None:
         return None
@@ -195,6 +231,8 @@ def _memory_without_job(
         g.memory_used_mib >= sig.min_mib
         or any(str(p.get("type") or "C").upper() != "G" for p in g.processes or [])  # a compute process, not Xorg
     )
+    if not bad and not full:
+        return None
     return Reading(bad, "memory_used_mib", g.memory_used_mib, "MiB", sig.min_mib)
 
 
@@ -239,4 +277,4 @@ def evaluate_gpu(sig: Signal, g: GpuSample, prev: GpuSample | None, dt: float, h
     Raises:
         ValueError: ``sig`` is not a GPU-scope signal.
     """
-    return gpu_evaluator(sig)(sig, g, prev, dt, has_job)
+    return gpu_evaluator(sig)(sig, g, prev, dt, has_job, True)
