@@ -91,8 +91,9 @@ class InputProgress:
 
     The median is taken once per round (as many records as there are live sources), so a record
     costs a few dict operations. Liveness is counted in records of this input, never in wall
-    time: the same input read at any speed gives the same progress. Memory: two floats and an
-    int per source ever seen (a fleet's nodes).
+    time: the same input read at any speed gives the same progress. Memory: a float and an int
+    per source ever seen (a fleet's nodes; a node that left is not forgotten: a few hundred
+    bytes each).
 
     Attributes:
         value: the progress, epoch s (``-inf`` before the first record).

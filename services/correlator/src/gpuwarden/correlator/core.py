@@ -186,10 +186,9 @@ class Correlator:
         #: node -> partition of its input records (for checkpoints and revocation)
         self.partition_of: dict[str, int] = {}
         #: gpu.samples partition -> event-time progress of the samples joined from it (each job
-        #: window carries its partition's: the detector tells a silent node from a partition that
-        #: is behind), robust to a node whose clock runs ahead of its peers
-        self.stream_ts: dict[int, float] = {}
-        self._progress: dict[int, InputProgress] = {}
+        #: window carries its partition's ``value`` as ``stream_ts``: the detector tells a silent
+        #: node from a partition that is behind), robust to a node whose clock runs ahead of its peers
+        self.progress: dict[int, InputProgress] = {}
         #: nodes whose window state changed since the last :meth:`take_dirty`
         self.dirty: set[str] = set()
         #: node -> (the allocations dict it was computed from, (coverage, GPU indices) -> attributions):
@@ -396,10 +395,10 @@ class Correlator:
         if step.late:
             self._late(node, sample.ts, step.late)
         partition = self.partition_of.get(node, 0)
-        progress = self._progress.get(partition)
+        progress = self.progress.get(partition)
         if progress is None:
-            progress = self._progress[partition] = InputProgress()
-        self.stream_ts[partition] = progress.observe(node, sample.ts)
+            progress = self.progress[partition] = InputProgress()
+        progress.observe(node, sample.ts)
         # The windows this sample closed come first: the order in which a consumer of every
         # output in turn (the in-process runner) saw them when they came from gpu.attributed.
         outs = self._window_outputs(node, step.closed)
@@ -439,7 +438,8 @@ class Correlator:
         """``job.windows`` records of ``node``'s closed windows, each with the node's input
         partition and that partition's event-time progress (``stream_partition``, ``stream_ts``)."""
         partition = self.partition_of.get(node, 0)
-        update = {"stream_partition": partition, "stream_ts": self.stream_ts.get(partition)}
+        progress = self.progress.get(partition)
+        update = {"stream_partition": partition, "stream_ts": progress.value if progress is not None else None}
         return [Output("job.windows", w.job_id, dumps(w.model_copy(update=update))) for w in closed]
 
     # -- checkpoints (the service) ---------------------------------------------------------
@@ -479,8 +479,7 @@ class Correlator:
             if queue:
                 self.held_count -= len(queue)
         for p in partitions:
-            self.stream_ts.pop(p, None)
-            self._progress.pop(p, None)
+            self.progress.pop(p, None)
         return len(gone)
 
     def _attribute(

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from gpuwarden.shared.fields import FIELDS, OTEL_UNITS, FieldSpec
 from gpuwarden.shared.models import (
+    NVLINK_ERROR_KEYS,
     AttributedEvent,
     AttributedSample,
     EventKind,
@@ -290,13 +291,9 @@ class GpuView:
     last_xid: int | None = None
 
 
-#: NVLink error counters of ``GpuSample.nvlinks`` entries -> their ``error.type``.
-NVLINK_ERROR_TYPES = (
-    ("crc_flit_errors", "crc_flit"),
-    ("crc_data_errors", "crc_data"),
-    ("replay_errors", "replay"),
-    ("recovery_errors", "recovery"),
-)
+#: NVLink error counters of ``GpuSample.nvlinks`` entries (:data:`NVLINK_ERROR_KEYS`, those the
+#: detector's ``nvlink-rate`` sums) -> their ``error.type`` (the counter's name less ``_errors``).
+NVLINK_ERROR_TYPES = tuple((k, k.removesuffix("_errors")) for k in NVLINK_ERROR_KEYS)
 
 
 def _links(g: GpuSample) -> list[dict[str, Any]]:
