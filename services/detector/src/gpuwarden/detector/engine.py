@@ -422,11 +422,15 @@ class Detector(EventEpisodes, JobWindows):
         advanced = self._watermark >= self._silence_checked + 1.0  # check silence once per event-time second
         if advanced:
             self._silence_checked = self._watermark
+        # a node with no tracker of a node rule needs only the unhealthy readings (as its GPUs)
+        tracked = (node, None) in self._tracked
         for rule in self._by_scope["node"]:
             sig = rule.signal
             if isinstance(sig, GpuCountDrop):
                 mx = self._gpu_count_max[node]
                 drop = gpu_count < mx
+                if not drop and not tracked:
+                    continue
                 out += self._cond(
                     rule,
                     node,
@@ -437,15 +441,16 @@ class Detector(EventEpisodes, JobWindows):
                     "gpu.attributed",
                 )
             elif isinstance(sig, Silent):
-                out += self._cond(
-                    rule,
-                    node,
-                    None,
-                    ts,
-                    Reading(False, "seconds_since_sample", 0.0, "s", sig.after_s),
-                    None,
-                    "gpu.attributed",
-                )
+                if tracked:  # it sends: a silence of it ends
+                    out += self._cond(
+                        rule,
+                        node,
+                        None,
+                        ts,
+                        Reading(False, "seconds_since_sample", 0.0, "s", sig.after_s),
+                        None,
+                        "gpu.attributed",
+                    )
                 if advanced:
                     for other, last in sorted(self._node_last.items()):
                         gap = self._watermark - last
