@@ -641,3 +641,115 @@ async def test_100_restarts_and_rebalances_lose_no_reading_and_no_event(bus: Bus
         f"{len(unexplained)} windows emitted twice without a hard crash to explain it (node, gpu, start-T0, "
         f"[(samples, emitted at s) per copy]): {unexplained[:8]}; {report} {logs}"
     )
+
+
+# -- outputs the broker never confirmed -----------------------------------------------------------
+LOSSES_AT_S = (3.0, 7.0, 11.0)  # wall seconds into the feed when a worker's outputs start to be lost
+FEED_S = 15.0
+
+
+async def test_outputs_lost_in_flight_are_read_again_and_windows_counted_once(bus: Bus, tmp_path: Path) -> None:
+    """A worker whose outputs the broker did not confirm (from some moment until its next
+    confirm, which reports the failure once) reads every partition handled since its last commit
+    again, with its state put back to what that commit covers. Checked on the outputs: every
+    reading and event attributed, every window there, and every copy of a window with exactly
+    its readings (before, the records read again were folded into their open windows a second
+    time, and partitions of earlier uncommitted batches were not read again at all: their lost
+    outputs were covered by the next commit)."""
+    from gpuwarden.shared.bus import DeliveryError
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bus.bootstrap)
+    await admin.start()
+    group = Group(bus, tmp_path, admin)
+    feed = Feed(bus)
+    dropped: collections.Counter[str] = collections.Counter()
+    losses = 0
+    try:
+        await feed.start()
+        name = await group.join()
+        w = group.inproc[name]
+        prod = w.producer
+        real_queue, real_flush = prod.queue, prod.flush
+        lossy = False
+
+        def queue(topic: str, key: str | None, value: bytes) -> None:
+            if lossy:
+                dropped[topic] += 1  # never reaches the broker
+                return
+            real_queue(topic, key, value)
+
+        async def flush() -> None:
+            nonlocal lossy, losses
+            if lossy:
+                lossy = False
+                losses += 1
+                await real_flush()
+                raise DeliveryError([("gpu.attributed", TimeoutError("Batch expired (injected)"))])
+            await real_flush()
+
+        prod.queue = queue  # type: ignore[method-assign]
+        prod.flush = flush  # type: ignore[method-assign]
+
+        async def reported() -> bool:
+            return not lossy
+
+        await group.settle("one worker")
+        t0 = time.monotonic()
+        for at in LOSSES_AT_S:
+            await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
+            lossy = True
+            await poll(reported, lambda: "the lossy confirm", group, 30)
+        await asyncio.sleep(max(0.0, t0 + FEED_S - time.monotonic()))
+        await feed.finish()
+        ends_of = {}
+        cons = AIOKafkaConsumer(bootstrap_servers=bus.bootstrap, group_id=None)
+        await cons.start()
+        try:
+            for short in ("gpu.samples", "gpu.events"):
+                ends_of.update(await cons.end_offsets([TopicPartition(bus.t(short), p) for p in range(PARTITIONS)]))
+        finally:
+            await cons.stop()
+
+        async def drained() -> bool:
+            now = await group.committed()
+            return all(now.get(tp, -1) >= end for tp, end in ends_of.items() if end > 0)
+
+        await poll(drained, lambda: f"the group to commit every input {ends_of}", group, 60)
+        rewinds, consumer_rewinds = w.rewinds, w._consumer.rewinds
+        await group.close()
+        attributed = await read_all(bus.bootstrap, bus.t("gpu.attributed"))
+        events_out = await read_all(bus.bootstrap, bus.t("gpu.events.attributed"))
+        windows_out = await read_all(bus.bootstrap, bus.t("job.windows"))
+    finally:
+        await group.close()
+        await feed.close()
+        await admin.close()
+
+    seen = {
+        (d["sample"]["node"], round(d["sample"]["ts"] - T0)) for d in map(orjson.loads, (r.value for r in attributed))
+    }
+    ev_seen = {orjson.loads(r.value)["event"]["event_id"] for r in events_out}
+    expected = {
+        (node, g, T0 + s): sum(1 for t in range(s, s + WINDOW_S) if (node, t) in feed.samples)
+        for node in NODES
+        for g in range(GPUS)
+        for s in range(0, feed.last_tick + 1, WINDOW_S)
+    }
+    copies: dict[tuple[str, int, float], list[int]] = collections.defaultdict(list)
+    for r in windows_out:
+        jw = JobWindow.model_validate_json(r.value)
+        copies[(jw.node, jw.gpu_index, jw.window_start)].append(jw.samples)
+    wrong = sorted((k[0], k[1], k[2] - T0, cs, expected[k]) for k, cs in copies.items()
+                   if k in expected and any(s != expected[k] for s in cs))  # fmt: skip
+    report = (f"losses {losses} (outputs dropped {dict(dropped)}), rewinds {rewinds} (consumer {consumer_rewinds}); "
+              f"readings {len(feed.samples)} produced, {len(seen)} attributed; events {len(feed.events)} produced, "
+              f"{len(ev_seen)} attributed; windows {len(expected)} expected, {len(windows_out)} emitted")  # fmt: skip
+    print(f"\n{report}")
+    assert losses == len(LOSSES_AT_S) and consumer_rewinds == losses and rewinds == losses, report
+    assert sum(dropped.values()) > 0, report
+    assert not feed.samples - seen, f"readings lost: {_first(feed.samples - seen)}; {report}"
+    assert not set(feed.events) - ev_seen, f"events lost: {_first(set(feed.events) - ev_seen)}; {report}"
+    assert not set(expected) - set(copies), f"windows lost: {_first(set(expected) - set(copies))}; {report}"
+    assert not wrong, (
+        f"windows with a reading counted twice or lost (node, gpu, start, copies, expected): {wrong[:8]}; {report}"
+    )

@@ -363,3 +363,124 @@ async def test_a_record_read_again_is_not_dead_lettered_twice() -> None:
     c._handled = {tp: 7}
     await c._commit(fake, force=True)  # type: ignore[arg-type]
     assert fake.committed == {tp: 7} and c._dead == {tp: {}}
+
+
+class LogConsumer:
+    """The aiokafka consumer surface :meth:`Consumer.run` uses, over an in-memory log: each
+    ``getmany`` serves up to ``per_fetch`` records of the next partition in turn from its position;
+    ``seek`` moves a position; ``commit`` records the offsets."""
+
+    def __init__(self, logs: dict[Any, int], per_fetch: int = 3) -> None:
+        self.ends = dict(logs)
+        self.pos = dict.fromkeys(logs, 0)
+        self.per_fetch = per_fetch
+        self.committed: dict[Any, int] = {}
+        self.seeks: list[tuple[Any, int]] = []
+        self._turn = 0
+
+    async def getmany(self, timeout_ms: int, max_records: int) -> dict[Any, list[Any]]:
+        tps = list(self.ends)
+        for i in range(len(tps)):
+            tp = tps[(self._turn + i) % len(tps)]
+            if self.pos[tp] < self.ends[tp]:
+                self._turn = (self._turn + i + 1) % len(tps)
+                start, end = self.pos[tp], min(self.ends[tp], self.pos[tp] + self.per_fetch)
+                self.pos[tp] = end
+                return {tp: [SimpleNamespace(value=sample(o).to_json(), key=b"n1", partition=tp.partition, offset=o,
+                                             topic=tp.topic) for o in range(start, end)]}  # fmt: skip
+        await asyncio.sleep(0.01)
+        return {}
+
+    def assignment(self) -> set[Any]:
+        return set(self.ends)
+
+    def highwater(self, tp: Any) -> int | None:
+        return self.ends[tp]
+
+    async def position(self, tp: Any) -> int:
+        return self.pos[tp]
+
+    def seek(self, tp: Any, offset: int) -> None:
+        self.seeks.append((tp, offset))
+        self.pos[tp] = offset
+
+    async def commit(self, offsets: dict[Any, int]) -> None:
+        self.committed.update(offsets)
+
+
+class LosingProducer:
+    """Outputs wait for ``flush``; the flush numbered ``lose_at`` loses them all and raises
+    :class:`DeliveryError` (once, as :meth:`Producer.confirm` reports a failure once)."""
+
+    def __init__(self, lose_at: int) -> None:
+        self.pending: list[Any] = []
+        self.delivered: list[Any] = []
+        self.flushes = 0
+        self.lose_at = lose_at
+
+    async def flush(self) -> None:
+        from gpuwarden.shared.bus import DeliveryError
+
+        self.flushes += 1
+        pending, self.pending = self.pending, []
+        if self.flushes == self.lose_at:
+            raise DeliveryError([("out", TimeoutError("Batch expired")) for _ in pending])
+        self.delivered.extend(pending)
+
+
+@pytest.mark.parametrize("idle", [False, True], ids=["commit-after-a-batch", "commit-when-idle"])
+async def test_a_lost_output_is_never_covered_by_a_later_commit(idle: bool) -> None:
+    """Outputs the broker did not confirm: every partition handled since its last commit is read
+    again, not only the batch whose commit failed (with a commit interval, earlier batches of
+    other partitions wait uncommitted; the producer reports a failure once, so the next commit
+    covered their lost outputs). Also when the failure comes from the commit of an idle poll
+    (before, it was logged and the next commit covered the lost outputs). The caller's
+    ``on_rewind`` hears which partitions go back first."""
+    from aiokafka import TopicPartition
+
+    s = BusSettings(topic_prefix="p.")
+    tps = [TopicPartition("p.gpu.samples", p) for p in range(3)]
+    fake = LogConsumer(dict.fromkeys(tps, 6))  # served p0 0-2, p1 0-2, p2 0-2, p0 3-5, p1 3-5, p2 3-5
+    prod = LosingProducer(lose_at=7 if idle else 2)
+
+    async def handler(topic: str, value: BaseModel, rec: Any) -> None:
+        prod.pending.append((rec.partition, rec.offset))
+        if (rec.partition, rec.offset) == (2, 3) and not idle:
+            c._commit_interval_s = 0.0  # the interval has passed: the last batch's commit is due
+
+    c = Consumer(s, "correlator", ["gpu.samples"], "g", handler, prod, ServiceMetrics("t"), retry_s=0.0,  # type: ignore[arg-type]
+                 commit_interval_s=0.0 if idle else 3600.0)  # fmt: skip
+    c._consumer = fake  # type: ignore[assignment]
+    rewound: list[set[Any]] = []
+
+    async def on_rewind(parts: set[Any]) -> None:
+        rewound.append(parts)
+
+    c.on_rewind = on_rewind
+    if idle:
+        # the first batch commits; later ones are deferred (the detector's state write not due),
+        # then a caught-up hook queues outputs of its own whose flush is lost with theirs
+        verdicts = [True] + [False] * 5
+
+        async def before_commit(force: bool) -> bool:
+            return verdicts.pop(0) if verdicts else True
+
+        async def caught_up() -> None:
+            prod.pending.append(("released", len(rewound)))
+
+        c.before_commit = before_commit
+        c.on_caught_up = caught_up
+    runner = asyncio.create_task(c.run())
+    for _ in range(500):
+        if fake.committed == dict.fromkeys(tps, 6) and c.rewinds:
+            break
+        await asyncio.sleep(0.01)
+    c.request_stop()
+    await asyncio.wait_for(runner, 5)
+    assert c.rewinds == 1 and len(rewound) == 1
+    assert fake.committed == dict.fromkeys(tps, 6)
+    # every committed record's output reached the broker
+    assert {d for d in prod.delivered if d[0] != "released"} == {(tp.partition, o) for tp in tps for o in range(6)}
+    # every partition handled since its commit went back to that commit, not only the failed batch's
+    assert rewound[0] == set(tps)
+    assert sorted((tp.partition, o) for tp, o in fake.seeks) == [(0, 3), (1, 0), (2, 0)]

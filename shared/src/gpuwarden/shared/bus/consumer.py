@@ -84,6 +84,10 @@ class Consumer:
         self._short = {settings.topic(t): t for t in self.topics}
         self._handled: dict[TopicPartition, int] = {}  # next offset after the last handled record
         self._committed: dict[TopicPartition, int] = {}
+        #: the first offset handled since the partition's last commit (where a rewind goes when
+        #: the partition has no commit yet): a failed delivery re-reads every partition handled
+        #: since its commit, not only those of the batch whose commit failed
+        self._floor: dict[TopicPartition, int] = {}
         #: records dead-lettered above the committed offset, with their dead letter's delivery:
         #: a record read again (outputs not confirmed, or a rebalance that gave this member its
         #: partition back) whose dead letter the broker confirmed is not dead-lettered twice
@@ -97,6 +101,11 @@ class Consumer:
         """Called with the offsets about to be committed, after the outputs are confirmed; makes
         the caller's state durable and returns the offsets that state covers (at most those
         given: a record it still holds keeps its partition's commit below it)."""
+        self.on_rewind: Callable[[set[TopicPartition]], Awaitable[None]] | None = None
+        """Called when outputs were not confirmed, before the partitions it names are read again
+        from their last commit: a caller whose state already took those records in (the
+        correlator's open windows) puts that state back to what the commit covers, as at a
+        rebalance, or the records are counted twice."""
         self.on_caught_up: Callable[[], Awaitable[None]] | None = None
         """Called whenever this consumer has read every assigned partition to its end (a fetch that
         came back empty, or positions at the highwater after a batch): all that was written to its
@@ -121,9 +130,11 @@ class Consumer:
         #: at once with nothing to commit, the revocation let the next owner restore a state
         #: without that snapshot and re-emit what it covered)
         self._commit_lock = asyncio.Lock()
-        self._last_commit = 0.0
+        self._last_commit = float("-inf")  # the first commit is due at once (monotonic may start near 0)
         self.handled = 0
         self.handed_back = 0
+        self.rewinds = 0
+        """Times the handled records were read again because outputs were not confirmed."""
         self.assigned = asyncio.Event()
         #: the service instance's id for :class:`~.assignor.AffinityAssignor` (None: aiokafka's
         #: round robin alone)
@@ -228,6 +239,38 @@ class Consumer:
             await c.commit(offsets)
             self._committed.update(offsets)
             self._forget_dead(offsets, c.assignment())
+        # a partition lost to a rebalance: its next owner commits it (this member's figure goes stale)
+        for tp in [tp for tp in self._committed if tp not in assigned]:
+            del self._committed[tp]
+        # a partition with nothing left to commit starts its next floor at its next record
+        self._floor = {tp: f for tp, f in self._floor.items() if tp in self._handled}
+
+    async def _rewind(self, c: AIOKafkaConsumer, first: dict[TopicPartition, int]) -> None:
+        """Outputs not confirmed: read every assigned partition handled since its last commit
+        again from that commit (from the first record handled since, where it has none yet),
+        after :attr:`on_rewind`; nothing handled so far is committed. ``first``: the offset of
+        each partition's first record in the batch in hand.
+
+        The producer reports a failed delivery once, so every partition whose outputs may be
+        among the failed ones is rewound, not only the batch's: a commit at the next interval
+        would otherwise cover records whose outputs were lost."""
+        back: dict[TopicPartition, int] = {}
+        for tp in set(first) | set(self._floor) | set(self._handled):
+            if tp not in c.assignment():
+                continue
+            done = self._committed.get(tp)  # below every record handled since (it covers none)
+            here = [o for o in (self._floor.get(tp), first.get(tp)) if o is not None]
+            if done is not None:
+                back[tp] = done
+            elif here:
+                back[tp] = min(here)
+        self._handled = {}
+        self._floor = {}
+        if self.on_rewind is not None and back:
+            await self.on_rewind(set(back))
+        for tp, off in back.items():
+            c.seek(tp, off)
+        self.rewinds += 1
 
     def _forget_dead(self, committed: dict[TopicPartition, int], assigned: Any) -> None:
         """Drop the remembered dead letters below the committed offsets, and those of
@@ -298,7 +341,11 @@ class Consumer:
                     try:
                         await self._commit(c)
                     except (DeliveryError, KafkaError) as exc:
-                        log.warning("%s: commit failed (%s); retried at the next one", self.service, exc)
+                        # the producer reports a lost output once: committing later would cover it
+                        self._metrics.errors.labels("delivery").inc()
+                        log.warning("%s: commit failed (%s); re-reading from the last commit", self.service, exc)
+                        await self._rewind(c, {})
+                        await asyncio.sleep(self._retry_s)
                 continue
             first = {tp: recs[0].offset for tp, recs in batches.items() if recs}
             clock = time.monotonic
@@ -306,6 +353,8 @@ class Consumer:
             try:
                 for tp, records in batches.items():
                     short = self._short.get(tp.topic, tp.topic)
+                    if records and tp not in self._floor:
+                        self._floor[tp] = records[0].offset
                     for i, rec in enumerate(records):
                         if self._listener is not None and tp not in c.assignment():
                             break  # revoked mid-batch: its next owner reads it from the commit
@@ -333,11 +382,7 @@ class Consumer:
                 # outputs not confirmed: commit nothing, read the uncommitted records again
                 self._metrics.errors.labels("delivery").inc()
                 log.warning("%s: outputs not delivered (%s); re-reading from the last commit", self.service, exc)
-                for tp, off in first.items():
-                    back = self._committed.get(tp, off)
-                    if tp in c.assignment():
-                        c.seek(tp, min(back, off))
-                self._handled = {}
+                await self._rewind(c, first)
                 await asyncio.sleep(self._retry_s)
                 continue
             lag = c.highwater  # per partition highwater: cheap lag estimate from fetch responses
