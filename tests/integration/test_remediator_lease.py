@@ -60,6 +60,8 @@ async def test_kafka_lease_one_active_standby_takes_over_one_drain(bus_env: dict
         leader, standby = (a, b) if a.lease.held() else (b, a)
         assert leader.lease.held() and not standby.lease.held()
         assert _consuming(leader) and standby.failures_consumer is None
+        # the leased consumer offers the assignor every gpuwarden consumer offers (one protocol per group)
+        assert leader.failures_consumer is not None and leader.failures_consumer.worker_id == leader.worker_id
         await p.send_and_wait(f"{prefix}failures", failure().to_json(), key=b"gpu-node-002")
         # the intent is recorded before the command runs, then the outcome (issue 13)
         intent, first = [Remediation.model_validate_json(v) for v in await read(bs, f"{prefix}remediations", 2)]

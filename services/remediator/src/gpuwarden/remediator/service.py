@@ -126,9 +126,11 @@ class Remediator(RemediatorCore):
 
             def failures() -> Consumer:
                 s = self.settings
+                # the same assignor as every gpuwarden consumer (a replica without a lease, in
+                # the same group, would otherwise be refused: INCONSISTENT_GROUP_PROTOCOL)
                 return Consumer(
                     s, self.name, ["failures"], group, self._on_message, self.producer, self.metrics,
-                    s.auto_offset_reset,
+                    s.auto_offset_reset, worker_id=self.worker_id,
                 )  # fmt: skip
 
             self._leased = LeasedConsumer(self.lease, failures, self.spawn)
