@@ -53,6 +53,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -226,6 +227,7 @@ class _Chaos:
         self.expected_exits: set[int] = set()  # pids the bench killed or stopped
         self.cluster: KRaftCluster | None = None
         self.pl: Pipeline | None = None
+        self.drained = True  # False: the pipeline did not drain before the time limit
         self.injected: set[tuple[str, int, int]] = set()
         #: (topic, partition, offset) of each hostile record -> its short topic name
         self.hostile: dict[tuple[str, int, int], str] = {}
@@ -555,6 +557,7 @@ class _Chaos:
                 if time.monotonic() > t_end and settled.done(answered, len(self.hostile)) and await pl.finished():
                     break
             else:
+                self.drained = False
                 self.fig.notes.append("the pipeline did not drain before the time limit")
             await self.run_for(2.0)
             overwritten, over_breaker, dup_inproc = await self.remediator_faults()
@@ -569,38 +572,38 @@ class _Chaos:
             await asyncio.to_thread(self.cluster.close)
         return self.fig
 
-    def _crashes_in_logs(self) -> None:
-        """Add the in-process crashes (a task or a faust agent that crashed and was restarted
-        while its process lived on) found in the services' logs."""
+    def _logs(self) -> Iterator[tuple[str, str]]:
+        """(service, its log text) of every service process whose log can be read."""
         assert self.pl is not None
         for sp in self.pl.procs:
             try:
-                lines = crash_lines(sp.log.read_text(errors="replace"))
+                yield sp.name, sp.log.read_text(errors="replace")
             except OSError:
                 continue
+
+    def _crashes_in_logs(self) -> None:
+        """Add the in-process crashes (a task or a faust agent that crashed and was restarted
+        while its process lived on) found in the services' logs."""
+        for name, text in self._logs():
+            lines = crash_lines(text)
             if lines:
                 self.fig.crashes += len(lines)
-                self.fig.notes.append(f"{sp.name}: {len(lines)} crash(es) in its log, first: {lines[0][:400]}")
+                self.fig.notes.append(f"{name}: {len(lines)} crash(es) in its log, first: {lines[0][:400]}")
 
     def _reads_again_in_logs(self) -> None:
         """Note, per service, the log lines of what makes a consumer read records again or stall
         (a failed delivery, a group (re)join, an expired session): what a run that did not stop
         every hostile record once, or did not drain, needs to be understood from its output."""
-        assert self.pl is not None
         marks = {
-            "outputs not delivered": "outputs not delivered",
+            "outputs not delivered (read again)": "re-reading from the last commit",
             "group joins": "Joined group",
             "sessions expired": "Heartbeat session expired",
             "dead letters already on the broker": "its dead letter is already on the broker",
         }
-        for sp in self.pl.procs:
-            try:
-                text = sp.log.read_text(errors="replace")
-            except OSError:
-                continue
+        for name, text in self._logs():
             counts = {k: text.count(m) for k, m in marks.items()}
             if any(counts.values()):
-                self.fig.notes.append(f"{sp.name} log: {counts} (lines; rate-limited lines count once)")
+                self.fig.notes.append(f"{name} log: {counts} (lines; rate-limited lines count once)")
 
     def _figures(self, foreign_node: str, state_file: Path) -> None:
         assert self.pl is not None
@@ -635,7 +638,7 @@ class _Chaos:
         self.fig.dead_lettered, by_service = self.dead_lettered()
         self.fig.stopped_at_edge, self.fig.leaked, hostile_by = self.hostile_stopped()
         self.fig.timings["dead letters of hostile records, by service"] = dict(hostile_by)  # type: ignore[assignment]
-        if self.fig.stopped_at_edge != self.fig.hostile or any("did not drain" in n for n in self.fig.notes):
+        if self.fig.stopped_at_edge != self.fig.hostile or not self.drained:
             self._reads_again_in_logs()
         self.fig.timings["dead letters of fuzz records, by service"] = dict(by_service)  # type: ignore[assignment]
         injected = [(p, o) for (t, p, o) in (*self.injected, *self.hostile) if t == f"{self.pl.prefix}gpu.samples"]

@@ -452,9 +452,10 @@ class Detector(EventEpisodes, JobWindows):
                         "gpu.attributed",
                     )
                 if advanced:
+                    newest = max(p.value for p in self._parts.values())
                     for other, last in sorted(self._node_last.items()):
                         gap = self._watermark - last
-                        if other == node or gap < sig.after_s or self._down(other) or self._sending(other):
+                        if other == node or gap < sig.after_s or self._down(other) or self._sending(other, newest):
                             continue
                         reading = Reading(True, "seconds_since_sample", gap, "s", sig.after_s)
                         out += self._cond(rule, other, None, self._watermark, reading, None, "gpu.attributed")
@@ -474,13 +475,14 @@ class Detector(EventEpisodes, JobWindows):
             return False
         return self._arrivals - self._part_arrival[part] > LIVE_ROUNDS * len(self._node_part)
 
-    def _sending(self, node: str) -> bool:
+    def _sending(self, node: str, newest: float) -> bool:
         """Whether ``node`` is still sending: one of its partition's latest samples is its own
-        (:meth:`InputProgress.live`) and the partition is not idle."""
+        (:meth:`InputProgress.live`) and the partition is not idle (``newest``: the newest
+        partition's progress, event time s)."""
         part = self._node_part.get(node, None)
         if part is None or not self._parts[part].live(node):
             return False
-        return not self._idle(part, max(p.value for p in self._parts.values()))
+        return not self._idle(part, newest)
 
     def _down(self, node: str) -> bool:
         st = self._node_states.get(node)

@@ -152,11 +152,10 @@ def _counter_rate(
     cur = getattr(g, sig.field)
     if cur is None:
         return None
-    if not full:  # healthy unless the counter rose (min_per_min > 0)
-        before = getattr(prev, sig.field) if prev is not None else None
-        if before is None or cur <= before:
-            return None
-    rate = _rate_per_min(cur, getattr(prev, sig.field) if prev else None, dt)
+    before = getattr(prev, sig.field) if prev is not None else None
+    if not full and (before is None or cur <= before):  # healthy unless the counter rose (min_per_min > 0)
+        return None
+    rate = _rate_per_min(cur, before, dt)
     if rate is None or (not full and rate < sig.min_per_min):
         return None
     return Reading(rate >= sig.min_per_min, sig.field, rate, "per min", sig.min_per_min)
