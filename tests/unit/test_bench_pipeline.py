@@ -199,3 +199,27 @@ def test_report_adds_the_raw_consume_cpu_line_and_keeps_the_raw_lines() -> None:
         for line in lines
     )
     assert any(line.startswith("ratio pipeline/raw: ") for line in lines)
+
+
+def test_the_load_is_what_the_nvml_collector_sends() -> None:
+    """The bench's samples are the NVML collector's (its NvmlSource over the fake NVML), every
+    health field the rules and the bridge read, NVLinks in the full variant only; each node has
+    its own GPU UUIDs; and they pass the topic's schema."""
+    import orjson
+
+    from gpuwarden.shared.models import NodeSample
+    from gpuwarden.sim.bench.pipeline import _node_template, collector_gpus
+
+    gpus = collector_gpus(8)
+    a, _full, lean = _node_template("gpu-node-0001", gpus)
+    b, _, _ = _node_template("gpu-node-0002", gpus)
+    s = NodeSample.model_validate_json(orjson.dumps(a))
+    assert len(s.gpus) == 8 and all(g.nvlinks and len(g.nvlinks) == 18 for g in s.gpus)
+    g = s.gpus[0]
+    health = ("ecc_sbe_volatile", "ecc_dbe_volatile", "remapped_rows_pending", "pcie_link_gen", "pcie_link_width")
+    for name in (*health, "pcie_replay_count", "sm_clock_mhz", "max_sm_clock_mhz", "power_w", "processes"):
+        assert getattr(g, name) is not None, name
+    lean_sample = NodeSample.model_validate_json(orjson.dumps({**a, "gpus": lean}))
+    assert all(x.nvlinks is None for x in lean_sample.gpus)
+    assert {x["uuid"] for x in a["gpus"]}.isdisjoint({x["uuid"] for x in b["gpus"]})
+    assert len(orjson.dumps(a)) > 2 * len(orjson.dumps({**a, "gpus": lean}))

@@ -126,6 +126,9 @@ class BenchResult:
     gpus: int
     hz: float
     services: list[str]
+    #: the load's NVLink cadence: the 18 NVLinks' counters in every this many ticks' samples
+    #: (the collector's ``GPUWARDEN_COLLECTOR_NVLINK_EVERY``)
+    nvlink_every: int = 1
     offered_node_samples: int = 0
     producer_behind_s: float = 0.0
     t_measure: tuple[float, float] = (0.0, 0.0)

@@ -9,7 +9,8 @@ One run on one broker (Apache Kafka by default, ``--broker tansu`` for the embed
 2. one ``JobState`` per job of ``--job-nodes`` nodes, so every GPU sample is attributed;
 3. a load process (standing in for the fleet's collectors) produces one ``NodeSample``
    (``--gpus`` GPUs) per node per tick at ``--hz`` ticks/s in real time (event time = wall
-   time) for ``--warmup`` + ``--seconds``;
+   time) for ``--warmup`` + ``--seconds``: the sample the NVML collector sends for an HGX H100
+   node (:func:`collector_gpus`), its NVLinks' counters every ``--nvlink-every`` ticks;
 4. during the measured ``--seconds``, an XID 79 (``gpu-fallen-off-bus``, action reboot ->
    drain) is produced on ``gpu.events`` every ``--xid-every`` s, each on a fresh (node, GPU),
    with its wall time; a reader in this process times the first matching ``Failure`` on
@@ -49,7 +50,7 @@ from aiokafka import TopicPartition
 
 from gpuwarden.demo.runner import ServiceProc, stop_services, wait_healthy
 from gpuwarden.shared.bus import kafka_admin, kafka_consumer, kafka_producer
-from gpuwarden.shared.models import EventKind, GpuEvent, GpuSample, JobState, NodeSample
+from gpuwarden.shared.models import EventKind, GpuEvent, JobState, NodeSample
 from gpuwarden.shared.scenario import Cluster
 from gpuwarden.shared.slurm_progress import JobsOffsets, publish_watermark
 from gpuwarden.shared.topics import create_topics
@@ -88,32 +89,46 @@ XID_PATTERN = "gpu-fallen-off-bus"
 
 
 # -- the load (a separate process, so it does not delay this process's timing) -------------
-def _node_template(node: str, gpus: int) -> dict[str, Any]:
-    s = NodeSample(
-        node=node,
-        ts=time.time(),
-        collector_id=f"bench-{node}",
-        source="simulated",
-        gpus=[
-            GpuSample(
-                index=i,
-                uuid=f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}-{i}')}",
-                name="NVIDIA H100 80GB HBM3",
-                utilization_gpu_pct=92.0,
-                utilization_memory_pct=40.0,
-                power_w=610.0,
-                power_limit_w=700.0,
-                sm_clock_mhz=1980.0,
-                max_sm_clock_mhz=1980.0,
-                memory_used_mib=60000.0,
-                memory_total_mib=81559.0,
-                temperature_c=64.0,
-                throttle_reasons=[],
-            )
-            for i in range(gpus)
-        ],
+def collector_gpus(gpus: int) -> list[dict[str, Any]]:
+    """The GPUs of one node's ``NodeSample`` as the NVML collector sends them for an HGX H100
+    node running a training job: one tick of the real
+    :class:`~gpuwarden.collector.sources.NvmlSource` over the fake NVML
+    (:class:`~gpuwarden.sim.collector.SimulatedSource`), NVLinks read (every field the collector
+    fills: clocks, power, ECC, remapped rows, PCIe, 18 NVLinks' counters, a compute process,
+    GPM), as JSON values (``exclude_none``, as the collector publishes)."""
+    from gpuwarden.shared.scenario import Scenario, ScenarioClock
+    from gpuwarden.sim.collector import SimulatedSource
+
+    sc = Scenario.model_validate(
+        {
+            "name": "bench-load",
+            "seed": 1,
+            "duration_s": 60,
+            "cluster": {"nodes": 1, "gpus_per_node": gpus},
+            "jobs": [
+                {"id": 1, "nodes": "gpu-node-001", "gpus_per_node": gpus, "start_s": 0, "end_s": 60}
+                | {"profile": "training"}
+            ],
+        }
     )
-    return s.model_dump(mode="json", exclude_none=True)
+    src = SimulatedSource(sc, ScenarioClock(1_700_000_000.0), collector_id="bench", nvlink_every=1)
+    samples: list[NodeSample] = []
+    for _ in range(3):  # the first tick has no GPM figures yet (they need two readings)
+        samples = src.collect_sync()
+    return [g.model_dump(mode="json", exclude_none=True) for g in samples[0].gpus]
+
+
+def _node_template(node: str, gpus: list[dict[str, Any]]) -> tuple[dict[str, Any], list[Any], list[Any]]:
+    """(the node's sample as JSON values, its GPUs with NVLinks, the same GPUs without): the
+    collector's GPUs (:func:`collector_gpus`) with this node's GPU UUIDs."""
+    full = []
+    for g in gpus:
+        name = f"{node}-{g['index']}"
+        full.append(dict(g, uuid=f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, name)}"))
+    lean = [{k: v for k, v in g.items() if k != "nvlinks"} for g in full]
+    sample = {"schema_version": 1, "node": node, "ts": time.time(), "collector_id": f"bench-{node}",
+              "source": "simulated", "gpus": full}  # fmt: skip
+    return sample, full, lean
 
 
 def _load_main(
@@ -127,8 +142,10 @@ def _load_main(
     behind: Any,
     wm_topic: str = "",
     jobs_offsets: dict[int, int] | None = None,
+    nvlink_every: int = 1,
 ) -> None:
-    """Produce one NodeSample per node per tick until wall time ``until``; ``sent`` counts them,
+    """Produce one NodeSample per node per tick until wall time ``until`` (the collector's GPUs,
+    :func:`collector_gpus`, NVLinks every ``nvlink_every`` ticks); ``sent`` counts them,
     ``behind`` holds the worst lateness of a tick (s) when the producer could not keep pace.
     After each tick's samples (and once more at ``until``), a Slurm watermark on ``wm_topic``
     (when given) at the tick's event time with ``jobs_offsets`` (the delivered JobStates), so the
@@ -137,7 +154,8 @@ def _load_main(
     async def go() -> None:
         p = kafka_producer(bootstrap, acks=1, linger_ms=5, max_batch_size=256 * 1024, enable_idempotence=False)
         await p.start()
-        templates = [(n, n.encode(), _node_template(n, gpus)) for n in nodes]
+        base = collector_gpus(gpus)
+        templates = [(n, n.encode(), *_node_template(n, base)) for n in nodes]
         offsets = dict(jobs_offsets or {})
         period = 1.0 / hz
         t_next = time.time()
@@ -150,8 +168,10 @@ def _load_main(
                 else:
                     behind.value = max(behind.value, now - t_next)
                 ts = time.time()
-                for _, key, tpl in templates:
+                links = tick % nvlink_every == 0
+                for _, key, tpl, full, lean in templates:
                     tpl["ts"] = ts = time.time()
+                    tpl["gpus"] = full if links else lean
                     for g in tpl["gpus"]:
                         g["memory_used_mib"] = 60000.0 + tick % 100
                     await p.send(topic, orjson.dumps(tpl), key=key)
@@ -594,13 +614,21 @@ async def _run(
                 behind,
                 b.t("slurm.watermarks"),
                 b.jobs_offsets,
+                res.nvlink_every,
             ),
             daemon=True,
         )
         load.start()
         b.load_pid = load.pid
+        tpl, _full, lean = _node_template("gpu-node-0001", collector_gpus(res.gpus))
+        size_full = len(orjson.dumps(tpl))
+        size_lean = len(orjson.dumps({**tpl, "gpus": lean}))
+        mean = (size_full + (res.nvlink_every - 1) * size_lean) / res.nvlink_every
         echo(
-            f"load: {res.nodes} nodes x {res.gpus} GPUs at {res.hz} Hz; warm-up {warmup:.0f} s, measure {seconds:.0f} s"
+            f"load: {res.nodes} nodes x {res.gpus} GPUs at {res.hz} Hz; warm-up {warmup:.0f} s, "
+            f"measure {seconds:.0f} s; "
+            f"the NVML collector's H100 samples: {size_full:,} bytes with NVLinks (every {res.nvlink_every} "
+            f"tick(s)), {size_lean:,} without, {mean * res.nodes * res.hz / 1e6:.1f} MB/s on gpu.samples"
         )
         await asyncio.sleep(max(0.0, t_measure0 - time.time()))
         await b.inject_xids(t_end, xid_every)
@@ -649,6 +677,14 @@ def pipeline(
     nodes: Annotated[int, typer.Option(help="Nodes, one NodeSample per node per tick")] = 3125,
     gpus: Annotated[int, typer.Option(help="GPUs per node")] = 8,
     hz: Annotated[float, typer.Option(help="Ticks per second per node")] = 1.0,
+    nvlink_every: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="The samples carry the 18 NVLinks' counters every this many ticks (the collector's "
+            "GPUWARDEN_COLLECTOR_NVLINK_EVERY: 1 with NVML, the default)",
+        ),
+    ] = 1,
     seconds: Annotated[float, typer.Option(help="Measured window, s (XIDs injected during it)")] = 60.0,
     warmup: Annotated[float, typer.Option(help="Load before the measured window, s")] = 15.0,
     xid_every: Annotated[float, typer.Option(help="One XID every this many s during the window")] = 0.5,
@@ -699,7 +735,9 @@ def pipeline(
         *(["otlp-bridge"] if bridge else []),
         "remediator",
     ]
-    res = BenchResult(nodes=nodes, gpus=gpus, hz=hz, services=services, cores=machine_cores())
+    res = BenchResult(
+        nodes=nodes, gpus=gpus, hz=hz, services=services, cores=machine_cores(), nvlink_every=nvlink_every
+    )
     workers = {"correlator": correlator_workers, "detector": detector_workers}
     kafka: ApacheKafka | None = None
     tansu: TansuBroker | None = None
