@@ -208,11 +208,11 @@ def test_the_load_is_what_the_nvml_collector_sends() -> None:
     import orjson
 
     from gpuwarden.shared.models import NodeSample
-    from gpuwarden.sim.bench.pipeline import _node_template, collector_gpus
+    from gpuwarden.sim.bench.pipeline import collector_gpus, node_template
 
     gpus = collector_gpus(8)
-    a, _full, lean = _node_template("gpu-node-0001", gpus)
-    b, _, _ = _node_template("gpu-node-0002", gpus)
+    a, _full, lean = node_template("gpu-node-0001", gpus)
+    b, _, _ = node_template("gpu-node-0002", gpus)
     s = NodeSample.model_validate_json(orjson.dumps(a))
     assert len(s.gpus) == 8 and all(g.nvlinks and len(g.nvlinks) == 18 for g in s.gpus)
     g = s.gpus[0]

@@ -13,7 +13,8 @@ shows the efficiency. Each worker's share of the samples shows the partitions we
 Then a raw consume of the first run's ``gpu.samples`` (aiokafka + ``orjson.loads``, a process
 of its own) gives the raw consume's CPU per 1,000 GPU samples, and the first worker count's
 CPU per 1,000 GPU samples as a multiple of it (target <= 8x). The default backlog is the fleet
-of ``bench pipeline`` (3,125 nodes x 8 GPUs), 16 ticks (one window closed per node).
+of ``bench pipeline`` (3,125 nodes x 8 GPUs) and its samples (the NVML collector's H100 sample,
+NVLinks every tick), 16 ticks (one window closed per node).
 """
 
 from __future__ import annotations
@@ -30,14 +31,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
+import orjson
 import typer
 
 from gpuwarden.shared.bus import kafka_producer
-from gpuwarden.shared.models import GpuSample, JobState, NodeSample
+from gpuwarden.shared.models import JobState
 from gpuwarden.shared.slurm_progress import JobsOffsets, publish_watermark
 from gpuwarden.shared.topics import create_topics
 from gpuwarden.sim.bench.figures import cpu_ms_per_1000, raw_cpu_line
-from gpuwarden.sim.bench.pipeline import raw_consume_cpu
+from gpuwarden.sim.bench.pipeline import collector_gpus, node_template, raw_consume_cpu
 from gpuwarden.sim.brokers import ApacheKafka, free_port
 
 __all__ = ["RunResult", "bench_correlator", "cpu_seconds"]
@@ -72,28 +74,16 @@ async def _backlog(bootstrap: str, prefix: str, nodes: int, ticks: int, gpus: in
         # the job holds every GPU through the backlog: Slurm's view is complete past its last sample
         await publish_watermark(p.send_and_wait, "default", t0 + ticks, offsets.offsets, f"{prefix}slurm.watermarks")
         await asyncio.sleep(0.5)
+        # the NVML collector's H100 sample (bench pipeline's load), NVLinks every tick
+        base = collector_gpus(gpus)
+        templates = [(n.encode(), node_template(n, base)[0]) for n in names]
         for t in range(ticks):
-            for n in names:
-                s = NodeSample(
-                    node=n,
-                    ts=t0 + t,
-                    collector_id="bench",
-                    source="simulated",
-                    gpus=[
-                        GpuSample(
-                            index=i,
-                            utilization_gpu_pct=90.0,
-                            power_w=600.0,
-                            sm_clock_mhz=1980.0,
-                            memory_used_mib=40000.0 + t,
-                            memory_total_mib=81559.0,
-                            temperature_c=65.0,
-                            throttle_reasons=["sw_power_cap"] if t % 7 == 0 else [],
-                        )
-                        for i in range(gpus)
-                    ],
-                )
-                await p.send(f"{prefix}gpu.samples", s.to_json(), key=n.encode())
+            for key, tpl in templates:
+                tpl["ts"] = t0 + t
+                for g in tpl["gpus"]:
+                    g["memory_used_mib"] = 40000.0 + t
+                    g["throttle_reasons"] = ["sw_power_cap"] if t % 7 == 0 else []
+                await p.send(f"{prefix}gpu.samples", orjson.dumps(tpl), key=key)
         await p.flush()
     finally:
         await p.stop()

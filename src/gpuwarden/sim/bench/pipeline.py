@@ -73,7 +73,9 @@ from gpuwarden.sim.brokers import ApacheKafka, TansuBroker, die_with_parent, fre
 __all__ = [
     "BenchResult",
     "LagSeries",
+    "collector_gpus",
     "cpu_seconds",
+    "node_template",
     "percentile",
     "pipeline",
     "rate",
@@ -118,7 +120,7 @@ def collector_gpus(gpus: int) -> list[dict[str, Any]]:
     return [g.model_dump(mode="json", exclude_none=True) for g in samples[0].gpus]
 
 
-def _node_template(node: str, gpus: list[dict[str, Any]]) -> tuple[dict[str, Any], list[Any], list[Any]]:
+def node_template(node: str, gpus: list[dict[str, Any]]) -> tuple[dict[str, Any], list[Any], list[Any]]:
     """(the node's sample as JSON values, its GPUs with NVLinks, the same GPUs without): the
     collector's GPUs (:func:`collector_gpus`) with this node's GPU UUIDs."""
     full = []
@@ -155,7 +157,7 @@ def _load_main(
         p = kafka_producer(bootstrap, acks=1, linger_ms=5, max_batch_size=256 * 1024, enable_idempotence=False)
         await p.start()
         base = collector_gpus(gpus)
-        templates = [(n, n.encode(), *_node_template(n, base)) for n in nodes]
+        templates = [(n, n.encode(), *node_template(n, base)) for n in nodes]
         offsets = dict(jobs_offsets or {})
         period = 1.0 / hz
         t_next = time.time()
@@ -620,7 +622,7 @@ async def _run(
         )
         load.start()
         b.load_pid = load.pid
-        tpl, _full, lean = _node_template("gpu-node-0001", collector_gpus(res.gpus))
+        tpl, _full, lean = node_template("gpu-node-0001", collector_gpus(res.gpus))
         size_full = len(orjson.dumps(tpl))
         size_lean = len(orjson.dumps({**tpl, "gpus": lean}))
         mean = (size_full + (res.nvlink_every - 1) * size_lean) / res.nvlink_every
