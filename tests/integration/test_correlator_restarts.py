@@ -320,6 +320,24 @@ class Group:
         await poll(progress, lambda: f"{what}: a commit after the rebalance", self, timeout)
         return members
 
+    async def drained(self, timeout: float = 60.0) -> None:
+        """Wait until the group committed every record of gpu.samples and gpu.events written so far."""
+        ends_of: dict[TopicPartition, int] = {}
+        cons = AIOKafkaConsumer(bootstrap_servers=self.bus.bootstrap, group_id=None)
+        await cons.start()
+        try:
+            for short in ("gpu.samples", "gpu.events"):
+                tps = [TopicPartition(self.bus.t(short), p) for p in range(PARTITIONS)]
+                ends_of.update(await cons.end_offsets(tps))
+        finally:
+            await cons.stop()
+
+        async def done() -> bool:
+            now = await self.committed()
+            return all(now.get(tp, -1) >= end for tp, end in ends_of.items() if end > 0)
+
+        await poll(done, lambda: f"the group to commit every input {ends_of}", self, timeout)
+
     async def committed_by(self, names: list[str]) -> dict[str, set[int]]:
         """Wait until each of these workers committed an offset of a gpu.samples partition it
         holds; returns name -> those partitions."""
@@ -434,6 +452,15 @@ async def read_all(bootstrap: str, topic: str) -> list[Any]:
     return out
 
 
+async def read_outputs(bus: Bus) -> tuple[list[Any], list[Any], list[Any]]:
+    """Every record of gpu.attributed, gpu.events.attributed and job.windows now."""
+    return (
+        await read_all(bus.bootstrap, bus.t("gpu.attributed")),
+        await read_all(bus.bootstrap, bus.t("gpu.events.attributed")),
+        await read_all(bus.bootstrap, bus.t("job.windows")),
+    )
+
+
 def _first(items: Any, n: int = 8) -> list[Any]:
     return sorted(items)[:n]
 
@@ -496,20 +523,7 @@ async def test_100_restarts_and_rebalances_lose_no_reading_and_no_event(bus: Bus
 
         # the last workers drain everything: the feed completes its window and sends the flush tick
         await feed.finish()
-        ends_of = {}
-        for short in ("gpu.samples", "gpu.events"):
-            cons = AIOKafkaConsumer(bootstrap_servers=bus.bootstrap, group_id=None)
-            await cons.start()
-            try:
-                ends_of.update(await cons.end_offsets([TopicPartition(bus.t(short), p) for p in range(PARTITIONS)]))
-            finally:
-                await cons.stop()
-
-        async def drained() -> bool:
-            now = await group.committed()
-            return all(now.get(tp, -1) >= end for tp, end in ends_of.items() if end > 0)
-
-        await poll(drained, lambda: f"the group to commit every input {ends_of}", group, 60)
+        await group.drained()
         final_workers = sorted(group.inproc)
         # the hold's clock runs while the broker answers the Slurm reader (it stands still in an outage)
         ages = {nm: w.health()["slurm_fetch_age_s"] for nm, w in group.inproc.items()}
@@ -517,9 +531,7 @@ async def test_100_restarts_and_rebalances_lose_no_reading_and_no_event(bus: Bus
         await group.close()
         drain_s = time.monotonic() - t_start - churn_s
 
-        attributed = await read_all(bus.bootstrap, bus.t("gpu.attributed"))
-        events_out = await read_all(bus.bootstrap, bus.t("gpu.events.attributed"))
-        windows_out = await read_all(bus.bootstrap, bus.t("job.windows"))
+        attributed, events_out, windows_out = await read_outputs(bus)
     finally:
         await group.close()
         await feed.close()
@@ -701,25 +713,10 @@ async def test_outputs_lost_in_flight_are_read_again_and_windows_counted_once(bu
             await poll(reported, lambda: "the lossy confirm", group, 30)
         await asyncio.sleep(max(0.0, t0 + FEED_S - time.monotonic()))
         await feed.finish()
-        ends_of = {}
-        cons = AIOKafkaConsumer(bootstrap_servers=bus.bootstrap, group_id=None)
-        await cons.start()
-        try:
-            for short in ("gpu.samples", "gpu.events"):
-                ends_of.update(await cons.end_offsets([TopicPartition(bus.t(short), p) for p in range(PARTITIONS)]))
-        finally:
-            await cons.stop()
-
-        async def drained() -> bool:
-            now = await group.committed()
-            return all(now.get(tp, -1) >= end for tp, end in ends_of.items() if end > 0)
-
-        await poll(drained, lambda: f"the group to commit every input {ends_of}", group, 60)
+        await group.drained()
         rewinds, consumer_rewinds = w.rewinds, w._consumer.rewinds
         await group.close()
-        attributed = await read_all(bus.bootstrap, bus.t("gpu.attributed"))
-        events_out = await read_all(bus.bootstrap, bus.t("gpu.events.attributed"))
-        windows_out = await read_all(bus.bootstrap, bus.t("job.windows"))
+        attributed, events_out, windows_out = await read_outputs(bus)
     finally:
         await group.close()
         await feed.close()
