@@ -484,3 +484,42 @@ async def test_a_lost_output_is_never_covered_by_a_later_commit(idle: bool) -> N
     # every partition handled since its commit went back to that commit, not only the failed batch's
     assert rewound[0] == set(tps)
     assert sorted((tp.partition, o) for tp, o in fake.seeks) == [(0, 3), (1, 0), (2, 0)]
+
+
+async def test_a_revocation_commit_that_finds_outputs_lost_makes_the_run_loop_rewind() -> None:
+    """The rebalance listener's commit (``commit_now``, concurrent with the run loop's batch)
+    whose flush reports outputs lost: no later commit may cover them (before, the batch's own
+    commit flushed nothing new, succeeded and committed past them), and the run loop reads the
+    partitions handled since their commit again before its next batch."""
+    from aiokafka import TopicPartition
+
+    s = BusSettings(topic_prefix="p.")
+    tps = [TopicPartition("p.gpu.samples", p) for p in range(2)]
+    fake = LogConsumer(dict.fromkeys(tps, 6))  # served p0 0-2, p1 0-2, p0 3-5, p1 3-5
+    prod = LosingProducer(lose_at=2)  # the first commit confirms; the revocation's flush loses
+    errors: list[Exception] = []
+
+    async def revocation() -> None:
+        try:
+            await c.commit_now()
+        except Exception as exc:  # the correlator's listener logs it and goes on
+            errors.append(exc)
+
+    async def handler(topic: str, value: BaseModel, rec: Any) -> None:
+        prod.pending.append((rec.partition, rec.offset))
+        if (rec.partition, rec.offset) == (1, 1) and not errors:
+            await asyncio.create_task(revocation())  # the listener runs while the batch is in hand
+
+    c = Consumer(s, "correlator", ["gpu.samples"], "g", handler, prod, ServiceMetrics("t"), retry_s=0.0)  # type: ignore[arg-type]
+    c._consumer = fake  # type: ignore[assignment]
+    runner = asyncio.create_task(c.run())
+    for _ in range(500):
+        if fake.committed == dict.fromkeys(tps, 6):
+            break
+        await asyncio.sleep(0.01)
+    c.request_stop()
+    await asyncio.wait_for(runner, 5)
+    assert len(errors) == 1 and c.rewinds == 1
+    assert fake.committed == dict.fromkeys(tps, 6)
+    assert set(prod.delivered) == {(tp.partition, o) for tp in tps for o in range(6)}
+    assert sorted((tp.partition, o) for tp, o in fake.seeks) == [(1, 0)]

@@ -135,6 +135,9 @@ class Consumer:
         self.handed_back = 0
         self.rewinds = 0
         """Times the handled records were read again because outputs were not confirmed."""
+        #: outputs were not confirmed (a commit's flush or checkpoint failed, maybe the rebalance
+        #: listener's): :meth:`run` rewinds before its next batch
+        self._lost = False
         self.assigned = asyncio.Event()
         #: the service instance's id for :class:`~.assignor.AffinityAssignor` (None: aiokafka's
         #: round robin alone)
@@ -218,19 +221,27 @@ class Consumer:
             await self._commit_locked(c, force)
 
     async def _commit_locked(self, c: AIOKafkaConsumer, force: bool) -> None:
-        if not self._handled:
+        if not self._handled or self._lost:  # lost outputs: nothing is committed before the rewind
             return
         if not force and time.monotonic() - self._last_commit < self._commit_interval_s:
             return
         self._last_commit = time.monotonic()
-        await self._producer.flush()
+        try:
+            await self._producer.flush()
+        except DeliveryError:
+            self._lose()
+            raise
         if self.before_commit is not None and not await self.before_commit(force):
             return
         assigned = c.assignment()
         handled, self._handled = self._handled, {}
         offsets = {tp: o for tp, o in handled.items() if tp in assigned}
         if self.checkpoint is not None:
-            covered = await self.checkpoint(offsets)
+            try:
+                covered = await self.checkpoint(offsets)
+            except DeliveryError:
+                self._lose()
+                raise
             # what the state does not cover yet stays to commit next time
             self._handled = {tp: o for tp, o in handled.items() if covered.get(tp, o) < o and tp in assigned}
             offsets = covered
@@ -244,6 +255,12 @@ class Consumer:
             del self._committed[tp]
         # a partition with nothing left to commit starts its next floor at its next record
         self._floor = {tp: f for tp, f in self._floor.items() if tp in self._handled}
+
+    def _lose(self) -> None:
+        """Outputs not confirmed: nothing handled so far may be committed, by any commit (a
+        revocation's from the rebalance listener included), until :meth:`run` has rewound."""
+        self._handled = {}
+        self._lost = True
 
     async def _rewind(self, c: AIOKafkaConsumer, first: dict[TopicPartition, int]) -> None:
         """Outputs not confirmed: read every assigned partition handled since its last commit
@@ -266,6 +283,7 @@ class Consumer:
                 back[tp] = min(here)
         self._handled = {}
         self._floor = {}
+        self._lost = False
         if self.on_rewind is not None and back:
             await self.on_rewind(set(back))
         for tp, off in back.items():
@@ -326,6 +344,8 @@ class Consumer:
         if c is None:
             raise RuntimeError("consumer not started")
         while not self._stopping:
+            if self._lost:  # a commit outside this loop (a revocation's) found outputs not confirmed
+                await self._rewind(c, {})
             batches: dict[TopicPartition, list[ConsumerRecord]] = await c.getmany(
                 timeout_ms=200, max_records=self._max_records
             )
