@@ -269,3 +269,55 @@ def test_topics_plan_with_a_prefix_reads_no_other_setting(monkeypatch: pytest.Mo
     monkeypatch.delenv("GPUWARDEN_SSL_CAFILE")
     monkeypatch.setenv("GPUWARDEN_TOPIC_PARTITIONS", "not json")
     assert BusSettings().topic_prefix == "gpuwarden."  # a service never reads the layout settings
+
+
+def test_the_sample_sizes_follow_the_collectors_nvlink_cadence() -> None:
+    """The plan's sample sizes are the NVML collector's: NVLink counters on every tick by default
+    (about 60 % of a sample's bytes), fewer with ``--nvlink-every N``; the built-in figures (a
+    production install without the simulation layer) agree with a fresh measurement, so they
+    cannot drift from what the collector sends."""
+    from gpuwarden.shared.kafkaplan import SIZES, builtin_sizes
+    from gpuwarden.sim.kafkasize import measure_sizes
+
+    every, fifth = measure_sizes(nvlink_every=1), measure_sizes(nvlink_every=5)
+    assert every["gpu.samples"] > 1.8 * fifth["gpu.samples"]
+    assert builtin_sizes(1) == SIZES
+    for n, measured in ((1, every), (5, fifth)):
+        built = builtin_sizes(n)
+        for topic in ("gpu.samples", "gpu.attributed", "job.windows", "correlator.windows"):
+            assert built[topic] == pytest.approx(measured[topic], rel=0.03), (n, topic)
+    with pytest.raises(ValueError, match="nvlink_every"):
+        builtin_sizes(0)
+
+    def samples_per_day(*args: str) -> float:
+        res = CliRunner().invoke(app, ["topics", "plan", "--nodes", "100", "--json", *args])
+        assert res.exit_code == 0, res.output
+        doc = orjson.loads(res.stdout)
+        (plan,) = [t for t in doc["topics"] if t["short"] == "gpu.samples"]
+        assert "NVLinks every" in plan["basis"]
+        return float(plan["bytes_per_day"])
+
+    assert samples_per_day() == pytest.approx(100 * 86_400 * every["gpu.samples"])
+    assert samples_per_day("--nvlink-every", "5") == pytest.approx(100 * 86_400 * fifth["gpu.samples"])
+    bad = CliRunner().invoke(app, ["topics", "plan", "--nvlink-every", "0"])
+    assert bad.exit_code == 2
+
+
+def test_without_the_simulation_layer_the_plan_uses_the_built_in_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A production install has no simulation layer to measure with: the plan then uses the
+    built-in figures, per GPU for another GPU count, at the cadence asked, and says so."""
+    from gpuwarden.shared import plugins
+    from gpuwarden.shared.kafkaplan import builtin_sizes
+
+    def missing(group: str, name: str, what: str) -> object:
+        raise plugins.PluginMissing(f"{what} needs the gpuwarden package")
+
+    monkeypatch.setattr(plugins, "load_plugin", missing)
+    res = CliRunner().invoke(app, ["topics", "plan", "--nodes", "10", "--gpus-per-node", "4", "--nvlink-every", "5",
+                                   "--json"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    doc = orjson.loads(res.stdout)
+    (plan,) = [t for t in doc["topics"] if t["short"] == "gpu.samples"]
+    assert plan["bytes_per_day"] == pytest.approx(10 * 86_400 * builtin_sizes(5)["gpu.samples"] / 2)
+    assert "built-in size of 8-GPU H100 samples x 4/8 GPUs, NVLinks every 5 ticks" in plan["basis"]
+    assert doc["gzip_ratio"] is None

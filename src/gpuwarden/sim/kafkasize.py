@@ -3,7 +3,9 @@ its changelog put on Kafka for one simulated node, encoded by gpuwarden's own co
 
 One node of ``gpus_per_node`` simulated H100 GPUs runs a training job for ``ticks`` seconds
 through the collector's real NVML source (:class:`~gpuwarden.sim.collector.SimulatedSource`,
-NVLink counters every 5th tick as the simulator reads them) and the correlator's window code.
+NVLink state and counters every ``nvlink_every``-th tick as the collector's
+``GPUWARDEN_COLLECTOR_NVLINK_EVERY`` reads them: 1, every tick, is the NVML collector's default)
+and the correlator's window code.
 """
 
 from __future__ import annotations
@@ -23,18 +25,19 @@ __all__ = ["measure_sizes"]
 START = 1_750_000_000.0
 
 
-def measure_sizes(gpus_per_node: int = 8, ticks: int = 60) -> dict[str, float]:
+def measure_sizes(gpus_per_node: int = 8, ticks: int = 60, nvlink_every: int = 1) -> dict[str, float]:
     """Mean encoded bytes per message of ``gpu.samples``, ``gpu.attributed``, ``job.windows``
     and ``correlator.windows`` (one node's changelog snapshot) for one node of ``gpus_per_node``
-    GPUs over ``ticks`` 1 s ticks, and ``gzip_ratio``: raw / gzip (level 6) bytes of a batch of
-    the last 50 samples (Kafka compresses per record batch; one node's batch is the worst case,
-    a batch of many nodes compresses better).
+    GPUs over ``ticks`` 1 s ticks with NVLinks read every ``nvlink_every``-th tick, and
+    ``gzip_ratio``: raw / gzip (level 6) bytes of a batch of the last 50 samples (Kafka
+    compresses per record batch; one node's batch is the worst case, a batch of many nodes
+    compresses better).
 
     Raises:
-        ValueError: ``gpus_per_node`` or ``ticks`` < 1.
+        ValueError: ``gpus_per_node``, ``ticks`` or ``nvlink_every`` < 1.
     """
-    if gpus_per_node < 1 or ticks < 1:
-        raise ValueError("gpus_per_node and ticks must be >= 1")
+    if gpus_per_node < 1 or ticks < 1 or nvlink_every < 1:
+        raise ValueError("gpus_per_node, ticks and nvlink_every must be >= 1")
     from gpuwarden.correlator.windows import close_due, fold_sample
 
     from .collector import SimulatedSource
@@ -47,7 +50,7 @@ def measure_sizes(gpus_per_node: int = 8, ticks: int = 60) -> dict[str, float]:
             "jobs": [{"id": 4242, "nodes": "gpu-node-001", "start_s": 0, "profile": "training", "user": "alice"}],
         }
     )
-    src = SimulatedSource(sc, ScenarioClock(START))
+    src = SimulatedSource(sc, ScenarioClock(START), nvlink_every=nvlink_every)
     samples: list[bytes] = []
     attributed: list[bytes] = []
     windows: list[bytes] = []

@@ -160,6 +160,14 @@ def topics_plan(
     interval: Annotated[
         float, typer.Option(min=0.1, help="Collector interval, s (GPUWARDEN_COLLECTOR_INTERVAL_S)")
     ] = 1.0,
+    nvlink_every: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="The collectors read NVLink counters every Nth tick (GPUWARDEN_COLLECTOR_NVLINK_EVERY; 1, every "
+            "tick, is the NVML default; they are about 60 % of a sample's bytes)",
+        ),
+    ] = 1,
     brokers: Annotated[int, typer.Option(min=1, help="Brokers of the cluster (replicas: 3 on >= 3)")] = 3,
     prefix: Annotated[str | None, typer.Option(help="Topic prefix (default GPUWARDEN_TOPIC_PREFIX)")] = None,
     cluster: Annotated[str, typer.Option(help="Slurm cluster name of the leases (GPUWARDEN_*_CLUSTER)")] = "default",
@@ -173,28 +181,32 @@ def topics_plan(
     """Print the Kafka plan for a fleet: every topic (internal ones included) with partitions,
     replicas, min.insync.replicas, retention and the bytes per day it expects, then the
     kafka-topics.sh and kafka-acls.sh commands per service principal. Message sizes are measured
-    on a simulated node of --gpus-per-node GPUs when the gpuwarden package (simulation layer) is
-    installed, else the built-in measured figures are used. Partitions and retention follow
-    GPUWARDEN_TOPIC_PARTITIONS / GPUWARDEN_TOPIC_RETENTION_HOURS where they name a topic. Talks to no broker."""
+    on a simulated node of --gpus-per-node GPUs, NVLinks every --nvlink-every ticks, when the
+    gpuwarden package (simulation layer) is installed, else the built-in measured figures are
+    used. Partitions and retention follow GPUWARDEN_TOPIC_PARTITIONS /
+    GPUWARDEN_TOPIC_RETENTION_HOURS where they name a topic. Talks to no broker."""
     import shlex
     from dataclasses import asdict
 
     import orjson
 
-    from .kafkaplan import human_bytes, kafka_acls_argv, kafka_topics_argv, plan_acls, plan_topics
+    from .kafkaplan import builtin_sizes, human_bytes, kafka_acls_argv, kafka_topics_argv, plan_acls, plan_topics
     from .plugins import PluginMissing, load_plugin
 
-    sizes: dict[str, float] = {}
-    basis = "built-in sizes of 8-GPU nodes"
+    links = "NVLinks every tick" if nvlink_every == 1 else f"NVLinks every {nvlink_every} ticks"
+    # without the simulation layer: the built-in 8-GPU figures, per GPU (the GPUs are nearly all of a sample)
+    scale = gpus_per_node / 8
+    sizes = {k: v * scale for k, v in builtin_sizes(nvlink_every).items() if k in ("gpu.samples", "gpu.attributed")}
+    basis = f"built-in size of 8-GPU H100 samples x {gpus_per_node}/8 GPUs, {links}"
     ratio: float | None = None
     try:
         measure_sizes = load_plugin("gpuwarden.message_sizes", "simulated", "the simulated message sizes")
     except PluginMissing:
         measure_sizes = None  # a production install without the simulation layer: built-in sizes
     if measure_sizes is not None:
-        sizes = measure_sizes(gpus_per_node)
+        sizes = measure_sizes(gpus_per_node, nvlink_every=nvlink_every)
         ratio = sizes.pop("gzip_ratio")
-        basis = f"measured on a simulated {gpus_per_node}-GPU node"
+        basis = f"measured on a simulated {gpus_per_node}-GPU H100 node, {links}"
     layout = _topic_settings()
     pre = prefix or _bus_settings().topic_prefix
     topics = plan_topics(nodes, gpus_per_node=gpus_per_node, interval_s=interval, prefix=pre, brokers=brokers,
@@ -212,7 +224,7 @@ def topics_plan(
     out = Console(width=max(Console().width, 160))
     t = Table("topic", "partitions", "replicas", "min.insync", "retention", "messages/day", "bytes/day", "stored",
               "created by", title=f"Kafka plan: {nodes} nodes x {gpus_per_node} GPUs every {interval:g} s, "
-              f"{brokers} brokers, prefix {pre}")  # fmt: skip
+              f"{links}, {brokers} brokers, prefix {pre}")  # fmt: skip
     for tp in topics:
         days = tp.retention_days
         ret = "compacted" if tp.configs.get("cleanup.policy") == "compact" else f"{days:g} d" if days else "default"

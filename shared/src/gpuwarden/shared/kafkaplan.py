@@ -13,7 +13,8 @@ Bytes per day are per replica and uncompressed (multiply by the replication fact
 divide by the producer's compression ratio): message size x message rate. The sizes are
 measured by the caller (``gpuwarden topics plan`` encodes simulated samples of the fleet's GPU
 count when the simulation layer is installed) or default to the figures in :data:`SIZES`
-(encoded 8-GPU H100 samples of the simulator, bytes); the rates come from the fleet size and
+(encoded 8-GPU H100 samples of the simulator, bytes; :func:`builtin_sizes` for a collector that
+reads NVLinks on every Nth tick only); the rates come from the fleet size and
 the collector interval for the sample topics, and from a stated assumption for the rare ones.
 """
 
@@ -29,6 +30,7 @@ __all__ = [
     "SIZES",
     "Acl",
     "TopicPlan",
+    "builtin_sizes",
     "human_bytes",
     "kafka_acls_argv",
     "kafka_topics_argv",
@@ -38,10 +40,11 @@ __all__ = [
 ]
 
 #: Encoded message sizes, bytes, when the caller measures none: what ``gpuwarden topics plan``
-#: measured on the simulator's 8-GPU H100 node (NVLink counters every 5th tick averaged in).
+#: measured on the simulator's 8-GPU H100 node with the NVML collector's default, 18 NVLinks'
+#: state and counters on every tick.
 SIZES: dict[str, float] = {
-    "gpu.samples": 13_000.0,
-    "gpu.attributed": 13_900.0,
+    "gpu.samples": 24_800.0,
+    "gpu.attributed": 25_700.0,
     "job.windows": 750.0,
     "correlator.windows": 4_700.0,
     "gpu.events": 700.0,
@@ -56,6 +59,24 @@ SIZES: dict[str, float] = {
     "deadletter": 2_000.0,
     "lease": 0.0,
 }
+#: Bytes of those messages that are NVLink state and counters (18 links x 8 GPUs), measured with
+#: :data:`SIZES`: a sample without them is 10.0 KB (see :func:`builtin_sizes`).
+NVLINK_BYTES: dict[str, float] = {"gpu.samples": 14_700.0, "gpu.attributed": 14_700.0}
+
+
+def builtin_sizes(nvlink_every: int = 1) -> dict[str, float]:
+    """:data:`SIZES` for a collector that reads NVLinks on every ``nvlink_every``-th tick only
+    (``GPUWARDEN_COLLECTOR_NVLINK_EVERY``; nvlinks absent on the other ticks): the sample topics'
+    mean size, bytes.
+
+    Raises:
+        ValueError: ``nvlink_every`` < 1.
+    """
+    if nvlink_every < 1:
+        raise ValueError(f"nvlink_every must be >= 1, got {nvlink_every}")
+    return {k: v - NVLINK_BYTES.get(k, 0.0) * (nvlink_every - 1) / nvlink_every for k, v in SIZES.items()}
+
+
 #: Assumed rates of the rare topics, per node per day (stated in the plan's ``basis``): events
 #: and failures of a healthy fleet with a bad GPU now and then; a job per node every 2 hours.
 RARE_PER_NODE_DAY: dict[str, float] = {
@@ -139,8 +160,9 @@ def plan_topics(
     """Every topic of ``prefix`` for a fleet of ``nodes`` GPU nodes with ``gpus_per_node`` GPUs
     sampled every ``interval_s`` s, on a cluster of ``brokers`` brokers.
 
-    ``sizes``: encoded bytes per message by short topic name (missing ones from :data:`SIZES`;
-    the sample topics' sizes are for ``gpus_per_node`` GPUs); ``commit_interval_s``: the
+    ``sizes``: encoded bytes per message by short topic name, which ``size_basis`` says how
+    were found (missing ones from :data:`SIZES`, "built-in" in the basis; the sample topics'
+    sizes are for ``gpus_per_node`` GPUs); ``commit_interval_s``: the
     correlator's checkpoint period (one changelog record per node each); ``window_s``: the job
     window (one job.windows record per GPU each, for GPUs in jobs: all are assumed busy);
     ``partitions_by_topic`` / ``retention_hours``: the site's per-topic settings
@@ -155,7 +177,8 @@ def plan_topics(
         raise ValueError("nodes and gpus_per_node must be >= 1 and interval_s > 0")
     check_topic_overrides(partitions_by_topic, retention_hours)
     rf, isr = replication_plan(brokers)
-    size = {**SIZES, **(sizes or {})}
+    given = dict(sizes or {})
+    size = {**SIZES, **given}
     per_s = nodes / interval_s
     rate: dict[str, tuple[float, str]] = {
         "gpu.samples": (per_s * DAY_S, f"{nodes} nodes / {interval_s:g} s"),
@@ -205,7 +228,7 @@ def plan_topics(
                 messages_per_day=n,
                 bytes_per_day=per_day,
                 stored_bytes=stored,
-                basis=f"{basis}; {size[spec.name]:,.0f} B each ({size_basis})",
+                basis=f"{basis}; {size[spec.name]:,.0f} B each ({size_basis if spec.name in given else 'built-in'})",
             )
         )
     for name, (service, _group) in _lease_topics(prefix, cluster).items():
