@@ -275,12 +275,11 @@ class Consumer:
         for tp in set(first) | set(self._floor) | set(self._handled):
             if tp not in c.assignment():
                 continue
-            done = self._committed.get(tp)  # below every record handled since (it covers none)
-            here = [o for o in (self._floor.get(tp), first.get(tp)) if o is not None]
-            if done is not None:
-                back[tp] = done
-            elif here:
-                back[tp] = min(here)
+            # the commit is below every record handled since (it covers none); without one, the
+            # first record handled since, else (not reached yet in the batch) the batch's first
+            off = self._committed.get(tp, self._floor.get(tp, first.get(tp)))
+            if off is not None:
+                back[tp] = off
         self._handled = {}
         self._floor = {}
         self._lost = False
