@@ -223,3 +223,22 @@ def test_the_load_is_what_the_nvml_collector_sends() -> None:
     assert all(x.nvlinks is None for x in lean_sample.gpus)
     assert {x["uuid"] for x in a["gpus"]}.isdisjoint({x["uuid"] for x in b["gpus"]})
     assert len(orjson.dumps(a)) > 2 * len(orjson.dumps({**a, "gpus": lean}))
+
+
+@pytest.mark.parametrize("bench", ["pipeline", "correlator"])
+def test_a_bench_pointed_at_a_dead_broker_says_so_in_one_line(bench: str) -> None:
+    """``--bootstrap`` naming an address where no broker answers ends with one error line that
+    names the address and what to check, exit status 1, not aiokafka's traceback."""
+    from typer.testing import CliRunner
+
+    from gpuwarden.shared.cli import app, load_plugins
+    from gpuwarden.sim.brokers import free_port
+
+    load_plugins()
+    where = f"127.0.0.1:{free_port()}"
+    res = CliRunner().invoke(app, ["bench", bench, "--bootstrap", where, "--seconds", "1", "--warmup", "1"]
+                             if bench == "pipeline" else ["bench", bench, "--bootstrap", where])  # fmt: skip
+    assert res.exit_code == 1, res.output
+    (line,) = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert f"no Kafka broker answers at {where}" in line and "--bootstrap" in line
+    assert "Traceback" not in res.output

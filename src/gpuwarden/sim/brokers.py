@@ -18,9 +18,40 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["ApacheKafka", "BrokerError", "TansuBroker", "die_with_parent", "free_port", "wait_port"]
+__all__ = [
+    "ApacheKafka",
+    "BrokerError",
+    "TansuBroker",
+    "bench_broker_errors",
+    "die_with_parent",
+    "free_port",
+    "wait_port",
+]
+
+
+@contextlib.contextmanager
+def bench_broker_errors(bootstrap: str, started_here: bool) -> Iterator[None]:
+    """Turn a broker that does not answer at ``bootstrap`` into one line on stderr and exit
+    status 1 (``typer.Exit``) for a ``gpuwarden bench`` command, not a traceback.
+    ``started_here``: the bench started the broker itself (else it came from ``--bootstrap`` or
+    ``GPUWARDEN_BOOTSTRAP_SERVERS``, which the line then names)."""
+    import typer
+    from aiokafka.errors import KafkaConnectionError
+
+    try:
+        yield
+    except KafkaConnectionError as exc:
+        what = (
+            "the broker this bench started (its log is in the work dir)"
+            if started_here
+            else "--bootstrap / GPUWARDEN_BOOTSTRAP_SERVERS, or leave both unset and the bench starts Apache Kafka "
+            "itself (deploy/kafka.sh)"
+        )
+        typer.echo(f"error: no Kafka broker answers at {bootstrap} ({exc}); check {what}", err=True)
+        raise typer.Exit(1) from None
 
 
 def die_with_parent() -> None:

@@ -26,7 +26,33 @@ from .nvml import FakeNvml
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SIM_NVLINK_EVERY", "SimulatedSource", "logger_gaps", "simulated_source"]
+__all__ = ["SIM_NVLINK_EVERY", "SimulatedSource", "logger_gaps", "simulated_source", "training_scenario"]
+
+
+def training_scenario(name: str, nodes: int, gpus: int, duration_s: int, job_id: int = 1) -> Scenario:
+    """``nodes`` nodes (``gpu-node-001`` ...) of ``gpus`` H100 GPUs, all in one training job
+    (``job_id``, user ``alice``) from second 0 to ``duration_s`` (s), no fault, seed 1: the
+    healthy busy node whose samples the collector and pipeline benchmarks and the Kafka plan's
+    sizes measure."""
+    return Scenario.model_validate(
+        {
+            "name": name,
+            "seed": 1,
+            "duration_s": duration_s,
+            "cluster": {"nodes": nodes, "gpus_per_node": gpus},
+            "jobs": [
+                {
+                    "id": job_id,
+                    "nodes": hostlist.collect_hostlist([f"gpu-node-{i:03d}" for i in range(1, nodes + 1)]),
+                    "gpus_per_node": gpus,
+                    "start_s": 0,
+                    "end_s": duration_s,
+                    "profile": "training",
+                    "user": "alice",
+                }
+            ],
+        }
+    )
 
 
 def logger_gaps(seed: int, node: str, duration_s: float) -> list[tuple[float, float]]:

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from gpuwarden.shared.models import AttributedSample, GpuAttribution, dumps
-from gpuwarden.shared.scenario import Scenario, ScenarioClock
+from gpuwarden.shared.scenario import ScenarioClock
 
 __all__ = ["measure_sizes"]
 
@@ -40,19 +40,13 @@ def measure_sizes(gpus_per_node: int = 8, ticks: int = 60, nvlink_every: int = 1
         raise ValueError("gpus_per_node, ticks and nvlink_every must be >= 1")
     from gpuwarden.correlator.windows import close_due, fold_sample
 
-    from .collector import SimulatedSource
+    from .collector import SimulatedSource, training_scenario
 
-    sc = Scenario.model_validate(
-        {
-            "name": "sizes",
-            "duration_s": ticks,
-            "cluster": {"nodes": 1, "gpus_per_node": gpus_per_node},
-            "jobs": [{"id": 4242, "nodes": "gpu-node-001", "start_s": 0, "profile": "training", "user": "alice"}],
-        }
-    )
+    sc = training_scenario("sizes", 1, gpus_per_node, ticks, job_id=4242)
     src = SimulatedSource(sc, ScenarioClock(START), nvlink_every=nvlink_every)
     samples: list[bytes] = []
     attributed: list[bytes] = []
+    links: list[bool] = []  # per sample: it carries the NVLink counters
     windows: list[bytes] = []
     snapshots: list[int] = []
     state: dict[str, Any] | None = None
@@ -67,6 +61,7 @@ def measure_sizes(gpus_per_node: int = 8, ticks: int = 60, nvlink_every: int = 1
                     for g in s.gpus
                 ]  # fmt: skip
                 samples.append(dumps(s))
+                links.append(any(g.nvlinks is not None for g in s.gpus))
                 attributed.append(dumps(AttributedSample(sample=s, jobs=jobs)))
                 step = fold_sample(state, s, jobs, in_place=True)
                 state = step.state
@@ -79,11 +74,21 @@ def measure_sizes(gpus_per_node: int = 8, ticks: int = 60, nvlink_every: int = 1
         await src.close()
 
     asyncio.run(run())
+
+    def mean(sizes: list[bytes]) -> float:
+        # exactly one sample in nvlink_every with the counters (the ticks a logger gap skips
+        # would otherwise shift the share)
+        full = [len(b) for b, has in zip(sizes, links, strict=True) if has]
+        lean = [len(b) for b, has in zip(sizes, links, strict=True) if not has]
+        if not full or not lean:
+            return statistics.fmean(map(len, sizes))
+        return (statistics.fmean(full) + (nvlink_every - 1) * statistics.fmean(lean)) / nvlink_every
+
     batch = b"".join(samples[-50:])
     return {
         "gzip_ratio": len(batch) / len(gzip.compress(batch, compresslevel=6)),
-        "gpu.samples": statistics.fmean(map(len, samples)),
-        "gpu.attributed": statistics.fmean(map(len, attributed)),
+        "gpu.samples": mean(samples),
+        "gpu.attributed": mean(attributed),
         "job.windows": statistics.fmean(map(len, windows)) if windows else 0.0,
         "correlator.windows": statistics.fmean(snapshots) if snapshots else 0.0,
     }

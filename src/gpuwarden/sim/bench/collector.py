@@ -27,29 +27,10 @@ def bench_collector(
 ) -> None:
     """Print CPU time per tick, messages/s and RSS of the collector reading fake NVML."""
     from gpuwarden.shared.models import dumps
-    from gpuwarden.shared.scenario import Scenario, ScenarioClock
-    from gpuwarden.sim.collector import SimulatedSource
+    from gpuwarden.shared.scenario import ScenarioClock
+    from gpuwarden.sim.collector import SimulatedSource, training_scenario
 
-    sc = Scenario.model_validate(
-        {
-            "name": "bench",
-            "seed": 1,
-            "duration_s": ticks + 10,
-            "tick_s": 1,
-            "cluster": {"nodes": nodes, "gpus_per_node": gpus},
-            "jobs": [
-                {
-                    "id": 1,
-                    "nodes": f"gpu-node-[001-{nodes:03d}]" if nodes > 1 else "gpu-node-001",
-                    "gpus_per_node": gpus,
-                    "start_s": 0,
-                    "end_s": ticks + 10,
-                    "profile": "training",
-                }
-            ],
-            "faults": [],
-        }
-    )
+    sc = training_scenario("bench", nodes, gpus, ticks + 10)
     src = SimulatedSource(sc, ScenarioClock(1_700_000_000.0), collector_id="bench")
     src.collect_sync()  # first tick: init, NVLink probe
     nbytes = 0

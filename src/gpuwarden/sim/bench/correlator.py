@@ -20,6 +20,7 @@ NVLinks every tick), 16 ticks (one window closed per node).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -40,7 +41,7 @@ from gpuwarden.shared.slurm_progress import JobsOffsets, publish_watermark
 from gpuwarden.shared.topics import create_topics
 from gpuwarden.sim.bench.figures import cpu_ms_per_1000, raw_cpu_line
 from gpuwarden.sim.bench.pipeline import collector_gpus, node_template, raw_consume_cpu
-from gpuwarden.sim.brokers import ApacheKafka, free_port
+from gpuwarden.sim.brokers import ApacheKafka, bench_broker_errors, free_port
 
 __all__ = ["RunResult", "bench_correlator", "cpu_seconds"]
 
@@ -194,7 +195,10 @@ def bench_correlator(
             raise typer.BadParameter("no --bootstrap and deploy/kafka.sh cannot start Kafka (run from the repo root)")
         kafka = ApacheKafka(script)
         bootstrap = kafka.start()
-    try:
+    with contextlib.ExitStack() as stack:
+        if kafka is not None:
+            stack.callback(kafka.stop)
+        stack.enter_context(bench_broker_errors(bootstrap, started_here=kafka is not None))
         rates: dict[int, float] = {}
         cpus: dict[int, float] = {}
         topics: dict[int, str] = {}
@@ -227,6 +231,3 @@ def bench_correlator(
         else:
             raw_ms = cpu_ms_per_1000(cpu_raw, n_raw * gpus)
             typer.echo(raw_cpu_line(raw_ms, {"correlator": cpus[first] * 1000}, ["correlator"]) + f" (workers={first})")
-    finally:
-        if kafka is not None:
-            kafka.stop()

@@ -67,7 +67,7 @@ from gpuwarden.sim.bench.figures import (
     rss_mib,
     summarise_latencies,
 )
-from gpuwarden.sim.brokers import ApacheKafka, TansuBroker, die_with_parent, free_port
+from gpuwarden.sim.brokers import ApacheKafka, TansuBroker, bench_broker_errors, die_with_parent, free_port
 
 #: The figures are in :mod:`gpuwarden.sim.bench.figures`; re-exported for callers of this module.
 __all__ = [
@@ -98,21 +98,10 @@ def collector_gpus(gpus: int) -> list[dict[str, Any]]:
     (:class:`~gpuwarden.sim.collector.SimulatedSource`), NVLinks read (every field the collector
     fills: clocks, power, ECC, remapped rows, PCIe, 18 NVLinks' counters, a compute process,
     GPM), as JSON values (``exclude_none``, as the collector publishes)."""
-    from gpuwarden.shared.scenario import Scenario, ScenarioClock
-    from gpuwarden.sim.collector import SimulatedSource
+    from gpuwarden.shared.scenario import ScenarioClock
+    from gpuwarden.sim.collector import SimulatedSource, training_scenario
 
-    sc = Scenario.model_validate(
-        {
-            "name": "bench-load",
-            "seed": 1,
-            "duration_s": 60,
-            "cluster": {"nodes": 1, "gpus_per_node": gpus},
-            "jobs": [
-                {"id": 1, "nodes": "gpu-node-001", "gpus_per_node": gpus, "start_s": 0, "end_s": 60}
-                | {"profile": "training"}
-            ],
-        }
-    )
+    sc = training_scenario("bench-load", 1, gpus, 60)
     src = SimulatedSource(sc, ScenarioClock(1_700_000_000.0), collector_id="bench", nvlink_every=1)
     samples: list[NodeSample] = []
     for _ in range(3):  # the first tick has no GPM figures yet (they need two readings)
@@ -137,7 +126,7 @@ def _load_main(
     bootstrap: str,
     topic: str,
     nodes: list[str],
-    gpus: int,
+    base: list[dict[str, Any]],
     hz: float,
     until: float,
     sent: Any,
@@ -146,8 +135,8 @@ def _load_main(
     jobs_offsets: dict[int, int] | None = None,
     nvlink_every: int = 1,
 ) -> None:
-    """Produce one NodeSample per node per tick until wall time ``until`` (the collector's GPUs,
-    :func:`collector_gpus`, NVLinks every ``nvlink_every`` ticks); ``sent`` counts them,
+    """Produce one NodeSample per node per tick until wall time ``until`` (the collector's GPUs
+    ``base``, :func:`collector_gpus`, NVLinks every ``nvlink_every`` ticks); ``sent`` counts them,
     ``behind`` holds the worst lateness of a tick (s) when the producer could not keep pace.
     After each tick's samples (and once more at ``until``), a Slurm watermark on ``wm_topic``
     (when given) at the tick's event time with ``jobs_offsets`` (the delivered JobStates), so the
@@ -156,7 +145,6 @@ def _load_main(
     async def go() -> None:
         p = kafka_producer(bootstrap, acks=1, linger_ms=5, max_batch_size=256 * 1024, enable_idempotence=False)
         await p.start()
-        base = collector_gpus(gpus)
         templates = [(n, n.encode(), *node_template(n, base)) for n in nodes]
         offsets = dict(jobs_offsets or {})
         period = 1.0 / hz
@@ -603,13 +591,14 @@ async def _run(
         await ready.wait()
         t_start = time.time() + 1.0
         t_measure0, t_end = t_start + warmup, t_start + warmup + seconds
+        base = collector_gpus(res.gpus)
         load = ctx.Process(
             target=_load_main,
             args=(
                 bootstrap,
                 b.t("gpu.samples"),
                 b.node_names,
-                res.gpus,
+                base,
                 res.hz,
                 t_end,
                 sent,
@@ -622,7 +611,7 @@ async def _run(
         )
         load.start()
         b.load_pid = load.pid
-        tpl, _full, lean = node_template("gpu-node-0001", collector_gpus(res.gpus))
+        tpl, _full, lean = node_template("gpu-node-0001", base)
         size_full = len(orjson.dumps(tpl))
         size_lean = len(orjson.dumps({**tpl, "gpus": lean}))
         mean = (size_full + (res.nvlink_every - 1) * size_lean) / res.nvlink_every
@@ -759,9 +748,10 @@ def pipeline(
         typer.echo(f"broker {broker.value} at {bs}; work dir {workdir}")
         # the broker's CPU is counted when this run started it (an external one is not measured)
         broker_pid = kafka.pid() if kafka else tansu.proc.pid if tansu and tansu.proc else None
-        asyncio.run(
-            _run(bs, res, workdir, warmup, seconds, xid_every, job_nodes, profile, typer.echo, workers, broker_pid)
-        )
+        with bench_broker_errors(bs, started_here=kafka is not None or tansu is not None):
+            asyncio.run(
+                _run(bs, res, workdir, warmup, seconds, xid_every, job_nodes, profile, typer.echo, workers, broker_pid)
+            )
         for line in report(res):
             typer.echo(line)
         if res.profile:
