@@ -27,6 +27,9 @@ __all__ = ["CONSUMED_TOPICS", "OtlpBridgeService", "create_service"]
 log = logging.getLogger(__name__)
 
 CONSUMED_TOPICS = ("gpu.attributed", "gpu.events.attributed", "slurm.nodes", "failures", "remediations")
+#: ``fetch_min_bytes`` of the bridge's consumer: about ten 8-GPU attributed samples with NVLinks
+#: (25 KB each); the broker answers when this much is there or after 100 ms
+FETCH_MIN_BYTES = 256 * 1024
 #: Topics whose records give series of their node that another bridge takes over at a rebalance.
 HANDED_OVER = ("gpu.attributed", "failures")
 
@@ -106,7 +109,10 @@ class OtlpBridgeService(Service):
                      self.bridge_settings.otlp_bridge_endpoint or "injected exporters")  # fmt: skip
         else:
             log.info("otlp-bridge: no OTLP endpoint, Prometheus /metrics only")
-        self.consume(list(CONSUMED_TOPICS), self.handle, listener=_HandOver(self))
+        # batched fetches (the broker answers at 256 KB or after 100 ms): a large fleet's samples
+        # come in batches of hundreds, each batch one commit; 100 ms is nothing to a metric
+        # exported every export interval, and XID -> drain does not pass through here
+        self.consume(list(CONSUMED_TOPICS), self.handle, listener=_HandOver(self), fetch_min_bytes=FETCH_MIN_BYTES)
 
     def hand_over(self, assigned: Collection[TopicPartition]) -> int:
         """Forget the GPUs and open failures of the nodes whose ``gpu.attributed`` or ``failures``
