@@ -242,3 +242,37 @@ def test_a_bench_pointed_at_a_dead_broker_says_so_in_one_line(bench: str) -> Non
     (line,) = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
     assert f"no Kafka broker answers at {where}" in line and "--bootstrap" in line
     assert "Traceback" not in res.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["pipeline", "--bootstrap", "notahost:xx"],
+        ["pipeline", "--bootstrap", "127.0.0.1:99999"],
+        ["pipeline", "--nodes", "0"],
+        ["pipeline", "--seconds", "inf"],
+        ["pipeline", "--broker", "tansu", "--bootstrap", "127.0.0.1:1"],
+        ["correlator", "--bootstrap", "127.0.0.1:"],
+        ["correlator", "--nodes", "0"],
+    ],
+)
+def test_a_benchs_bad_options_are_usage_errors(args: list[str]) -> None:
+    """Malformed addresses and counts are refused before anything starts (exit 2, one error),
+    not a traceback from aiokafka or pydantic half-way in; --broker tansu refuses --bootstrap."""
+    from typer.testing import CliRunner
+
+    from gpuwarden.shared.cli import app, load_plugins
+
+    load_plugins()
+    res = CliRunner().invoke(app, ["bench", *args])
+    assert res.exit_code == 2, res.output
+    assert "Invalid value" in res.output and "Traceback" not in res.output
+
+
+def test_the_simulated_pci_bus_ids_are_valid_and_distinct_for_every_gpu_count() -> None:
+    from gpuwarden.shared.nvidia.pci import normalize_pci_bus_id
+    from gpuwarden.sim.gpu_model import pci_of
+
+    ids = [pci_of(i) for i in range(256)]
+    assert len(set(ids)) == 256
+    assert all(normalize_pci_bus_id(i) for i in ids)

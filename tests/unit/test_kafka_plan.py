@@ -321,3 +321,49 @@ def test_without_the_simulation_layer_the_plan_uses_the_built_in_sizes(monkeypat
     assert plan["bytes_per_day"] == pytest.approx(10 * 86_400 * builtin_sizes(5)["gpu.samples"] / 2)
     assert "built-in size of 8-GPU H100 samples x 4/8 GPUs, NVLinks every 5 ticks" in plan["basis"]
     assert doc["gzip_ratio"] is None
+
+
+def test_a_new_users_odd_input_gets_a_plan_or_one_line() -> None:
+    """What a new user tried: every GPU count the help allows gives a plan (the simulated node
+    had no PCI bus id past GPU 31); a prefix or cluster Kafka would refuse, and an infinite
+    interval, are usage errors; an empty prefix is allowed (topics without one); a prefix
+    without a separator, and a fleet past the brokers' partition guidance, get a note; the
+    lease topics' lines carry min.insync.replicas like every other; the JSON names its inputs
+    and totals."""
+    run = CliRunner().invoke
+    for gpus in ("33", "64"):
+        res = run(app, ["topics", "plan", "--nodes", "10", "--gpus-per-node", gpus, "--json"])
+        assert res.exit_code == 0, res.output
+    for args in (["--prefix", "a b"], ["--prefix", "t[/b]x."], ["--cluster", ""], ["--interval", "inf"]):
+        res = run(app, ["topics", "plan", *args])
+        assert res.exit_code == 2 and "Traceback" not in res.output, (args, res.output)
+    res = run(app, ["topics", "plan", "--prefix", "", "--json"])
+    doc = orjson.loads(res.stdout)
+    assert doc["topics"][0]["name"] == "gpu.samples" and doc["inputs"]["prefix"] == ""
+    assert doc["totals"]["bytes_per_day"] == pytest.approx(sum(t["bytes_per_day"] for t in doc["topics"]))
+    res = run(app, ["topics", "plan", "--prefix", "team-a", "--nodes", "100000"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "does not end in '.', '-' or '_'" in res.output and "partition replicas per broker" in res.output
+    assert "team-agpu.samples" in res.output  # the table folds a long name, never cuts it
+    leases = [c for c in orjson.loads(run(app, ["topics", "plan", "--json"]).stdout)["kafka_topics"]
+              if ".lease." in c[c.index("--topic") + 1]]  # fmt: skip
+    assert len(leases) == 2 and all("min.insync.replicas=2" in c for c in leases)
+
+
+def test_bootstrap_servers_and_the_topic_prefix_are_checked_at_start() -> None:
+    """A malformed GPUWARDEN_BOOTSTRAP_SERVERS or GPUWARDEN_TOPIC_PREFIX is a settings error
+    naming the value, not an aiokafka traceback or a topic Kafka refuses later."""
+    from pydantic import ValidationError
+
+    from gpuwarden.shared.settings import BusSettings, check_bootstrap_servers
+
+    assert check_bootstrap_servers(" kafka-1:9092 , [::1]:9093,localhost") == "kafka-1:9092,[::1]:9093,localhost"
+    for bad in ("notahost:xx", "127.0.0.1:", "127.0.0.1:99999", "h:0", "", "a b:1"):
+        with pytest.raises(ValueError, match="not host:port"):
+            check_bootstrap_servers(bad)
+        with pytest.raises(ValidationError):
+            BusSettings(bootstrap_servers=bad)
+    for bad in ("a b.", "x;rm -rf /", "t[b]x.", "p" * 101):
+        with pytest.raises(ValidationError):
+            BusSettings(topic_prefix=bad)
+    assert BusSettings(topic_prefix="").topic("gpu.samples") == "gpu.samples"

@@ -26,10 +26,26 @@ __all__ = [
     "BrokerError",
     "TansuBroker",
     "bench_broker_errors",
+    "bootstrap_option",
     "die_with_parent",
     "free_port",
     "wait_port",
 ]
+
+
+def bootstrap_option(value: str | None) -> str | None:
+    """Typer callback of a bench's ``--bootstrap``: ``host:port[,...]`` or a usage error
+    (:func:`~gpuwarden.shared.settings.check_bootstrap_servers`), not aiokafka's traceback."""
+    import typer
+
+    from gpuwarden.shared.settings import check_bootstrap_servers
+
+    if value is None:
+        return None
+    try:
+        return check_bootstrap_servers(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 @contextlib.contextmanager

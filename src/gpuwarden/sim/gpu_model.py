@@ -59,8 +59,11 @@ _BIT = {v: k for k, v in THROTTLE_BITS.items()}
 
 
 def pci_of(index: int) -> str:
-    """PCI bus id of GPU ``index`` on an HGX H100 board (made-up ones beyond 8 GPUs)."""
-    return HGX_H100_PCI[index] if index < len(HGX_H100_PCI) else f"0000:{0xE0 + index:02x}:00.0"
+    """PCI bus id of GPU ``index`` on an HGX H100 board (made-up ones beyond 8 GPUs: bus
+    0xe0 + index in domain 0 up to index 31, then domain 1, bus = index, up to index 255)."""
+    if index < len(HGX_H100_PCI):
+        return HGX_H100_PCI[index]
+    return f"0000:{0xE0 + index:02x}:00.0" if 0xE0 + index <= 0xFF else f"0001:{index:02x}:00.0"
 
 
 def uuid_of(seed: int, node: str, index: int) -> str:

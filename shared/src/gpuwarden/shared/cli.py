@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
+from rich.text import Text
 
 from .clihelp import help_markup
 from .settings import BusSettings
@@ -120,7 +121,7 @@ def topics_create(
         int | None, typer.Option(min=1, help="Partitions of every topic (over GPUWARDEN_TOPIC_PARTITIONS)")
     ] = None,
     replication_factor: Annotated[
-        int | None, typer.Option(min=1, help="Replicas per partition (default: 3 on >= 3 brokers, else 1)")
+        int | None, typer.Option(min=1, help="Replicas per partition (default: 3 on >= 3 brokers, else one per broker)")
     ] = None,
 ) -> None:
     """Create every gpuwarden topic that does not exist yet (explicitly, with configs): partitions and
@@ -158,7 +159,7 @@ def topics_plan(
     nodes: Annotated[int, typer.Option(min=1, help="GPU nodes in the fleet")] = 1000,
     gpus_per_node: Annotated[int, typer.Option(min=1, max=64, help="GPUs per node")] = 8,
     interval: Annotated[
-        float, typer.Option(min=0.1, help="Collector interval, s (GPUWARDEN_COLLECTOR_INTERVAL_S)")
+        float, typer.Option(min=0.1, max=3600, help="Collector interval, s (GPUWARDEN_COLLECTOR_INTERVAL_S)")
     ] = 1.0,
     nvlink_every: Annotated[
         int,
@@ -207,8 +208,17 @@ def topics_plan(
         sizes = measure_sizes(gpus_per_node, nvlink_every=nvlink_every)
         ratio = sizes.pop("gzip_ratio")
         basis = f"measured on a simulated {gpus_per_node}-GPU H100 node, {links}"
+    import re
+
+    from .settings import TOPIC_PREFIX_PATTERN
+
+    if prefix is not None and not re.match(TOPIC_PREFIX_PATTERN, prefix):
+        raise typer.BadParameter(f"{prefix!r} is not [A-Za-z0-9._-]{{0,100}} (Kafka's topic characters)",
+                                 param_hint="--prefix")  # fmt: skip
+    if not re.match(r"^[A-Za-z0-9._-]{1,100}$", cluster):
+        raise typer.BadParameter(f"{cluster!r} is not [A-Za-z0-9._-]{{1,100}}", param_hint="--cluster")
     layout = _topic_settings()
-    pre = prefix or _bus_settings().topic_prefix
+    pre = prefix if prefix is not None else _bus_settings().topic_prefix
     topics = plan_topics(nodes, gpus_per_node=gpus_per_node, interval_s=interval, prefix=pre, brokers=brokers,
                          cluster=cluster, sizes=sizes, size_basis=basis, partitions_by_topic=layout.topic_partitions,
                          retention_hours=layout.topic_retention_hours)  # fmt: skip
@@ -217,18 +227,24 @@ def topics_plan(
     topic_cmds = [[*c, *extra] for c in kafka_topics_argv(topics, bootstrap_server)]
     acl_cmds = [[*c, *extra] for c in kafka_acls_argv(acls, bootstrap_server)]
     if json_out:
-        doc = {"topics": [asdict(t) for t in topics], "acls": [asdict(a) for a in acls], "gzip_ratio": ratio,
+        doc = {"inputs": {"nodes": nodes, "gpus_per_node": gpus_per_node, "interval_s": interval,
+                          "nvlink_every": nvlink_every, "brokers": brokers, "prefix": pre, "cluster": cluster},
+               "totals": {"bytes_per_day": sum(t.bytes_per_day for t in topics),
+                          "stored_bytes": sum(t.stored_bytes for t in topics),
+                          "partitions": sum(t.partitions for t in topics)},
+               "topics": [asdict(t) for t in topics], "acls": [asdict(a) for a in acls], "gzip_ratio": ratio,
                "kafka_topics": topic_cmds, "kafka_acls": acl_cmds}  # fmt: skip
         sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
         return
     out = Console(width=max(Console().width, 160))
-    t = Table("topic", "partitions", "replicas", "min.insync", "retention", "messages/day", "bytes/day", "stored",
-              "created by", title=f"Kafka plan: {nodes} nodes x {gpus_per_node} GPUs every {interval:g} s, "
-              f"{links}, {brokers} brokers, prefix {pre}")  # fmt: skip
+    t = Table(Column("topic", overflow="fold"), "partitions", "replicas", "min.insync", "retention",
+              "messages/day", "bytes/day", "stored", "created by",
+              title=f"Kafka plan: {nodes} nodes x {gpus_per_node} GPUs every {interval:g} s, "
+              f"{links}, {brokers} brokers, prefix {pre or '(none)'}")  # fmt: skip
     for tp in topics:
         days = tp.retention_days
         ret = "compacted" if tp.configs.get("cleanup.policy") == "compact" else f"{days:g} d" if days else "default"
-        t.add_row(tp.name, str(tp.partitions), str(tp.replication_factor), str(tp.min_insync), ret,
+        t.add_row(Text(tp.name), str(tp.partitions), str(tp.replication_factor), str(tp.min_insync), ret,
                   f"{tp.messages_per_day:,.0f}", human_bytes(tp.bytes_per_day), human_bytes(tp.stored_bytes),
                   tp.created_by)  # fmt: skip
     out.print(t)
@@ -240,7 +256,17 @@ def topics_plan(
     if ratio:
         out.print(f"gzip of one node's 50-sample batch: x{ratio:.1f} smaller (simulated samples; larger "
                   "batches of many nodes compress better)", soft_wrap=True)  # fmt: skip
-    out.print("basis: " + "; ".join(sorted({f"{tp.short}: {tp.basis}" for tp in topics})), soft_wrap=True)
+    out.print("basis (per message; bytes/day = messages/day x size):")
+    for line in sorted({f"  {tp.short}: {tp.basis}" for tp in topics}):
+        out.print(line, soft_wrap=True, markup=False, highlight=False)
+    per_broker = sum(tp.partitions * tp.replication_factor for tp in topics) / brokers
+    if per_broker > 4000:
+        out.print(f"note: {per_broker:,.0f} partition replicas per broker, past the usual guidance of about "
+                  "4,000: add brokers, split the fleet over several prefixes (one gpuwarden per prefix) or "
+                  "raise the collector interval", soft_wrap=True, markup=False)  # fmt: skip
+    if pre and pre[-1] not in ".-_":
+        out.print(f"note: the prefix {pre!r} does not end in '.', '-' or '_': topics are named "
+                  f"{pre}gpu.samples and so on", soft_wrap=True, markup=False)  # fmt: skip
     out.print("\n# topics (as an admin principal)")
     for c in topic_cmds:
         out.print(shlex.join(c), soft_wrap=True, markup=False, highlight=False)

@@ -173,8 +173,8 @@ def plan_topics(
         ValueError: ``nodes`` < 1, ``interval_s`` <= 0, replicas the cluster cannot hold, or a bad
             per-topic setting (:func:`~gpuwarden.shared.topics.check_topic_overrides`).
     """
-    if nodes < 1 or interval_s <= 0 or gpus_per_node < 1:
-        raise ValueError("nodes and gpus_per_node must be >= 1 and interval_s > 0")
+    if nodes < 1 or not 0 < interval_s < math.inf or gpus_per_node < 1:
+        raise ValueError("nodes and gpus_per_node must be >= 1 and interval_s a finite number > 0")
     check_topic_overrides(partitions_by_topic, retention_hours)
     rf, isr = replication_plan(brokers)
     given = dict(sizes or {})
@@ -239,12 +239,15 @@ def plan_topics(
                 partitions=1,
                 replication_factor=rf,
                 min_insync=isr if rf > 1 else 1,
-                configs={"retention.ms": str(24 * 3600 * 1000)},
+                configs={
+                    "retention.ms": str(24 * 3600 * 1000),
+                    **({"min.insync.replicas": str(isr)} if rf > 1 else {}),
+                },
                 messages_per_day=0.0,
                 bytes_per_day=0.0,
                 stored_bytes=0.0,
                 basis="no records: the lease is a consumer group's membership of its one partition",
-                created_by=f"{service} at first start (1 replica), or this plan",
+                created_by=f"{service} at first start (the replicas above), or this plan",
             )
         )
     return out

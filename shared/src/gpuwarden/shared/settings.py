@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import ssl
 from collections.abc import Mapping
 from pathlib import Path
@@ -11,7 +12,37 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, Strict, StrictInt, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["SETTINGS_JSON_HINT", "BusSettings", "ServiceSettings", "TopicSettings", "describe_settings_error"]
+__all__ = [
+    "SETTINGS_JSON_HINT",
+    "TOPIC_PREFIX_PATTERN",
+    "BusSettings",
+    "ServiceSettings",
+    "TopicSettings",
+    "check_bootstrap_servers",
+    "describe_settings_error",
+]
+
+#: What a topic prefix may be: Kafka's legal topic characters, short enough that the longest
+#: topic name (a lease's, with a 100-character cluster name) stays under Kafka's 249.
+TOPIC_PREFIX_PATTERN = r"^[A-Za-z0-9._-]{0,100}$"
+
+_BOOTSTRAP_ENTRY = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::(\d{1,5}))?$")
+
+
+def check_bootstrap_servers(value: str) -> str:
+    """``host[:port],...`` (an IPv6 host in brackets; port 1-65535, 9092 when left out), as
+    aiokafka takes it; returns ``value`` without the blanks around each entry.
+
+    Raises:
+        ValueError: empty, or an entry that is not ``host[:port]``, naming it.
+    """
+    entries = [e.strip() for e in value.split(",")]
+    for e in entries:
+        m = _BOOTSTRAP_ENTRY.match(e)
+        if m is None or (m.group(2) is not None and not 1 <= int(m.group(2)) <= 65535):
+            raise ValueError(f"not host:port (port 1-65535): {e!r} in {value!r}")
+    return ",".join(entries)
+
 
 #: What a setting that pydantic-settings could not decode needs (its SettingsError names the field).
 SETTINGS_JSON_HINT = "a list or mapping setting takes JSON, e.g. GPUWARDEN_TOPIC_PARTITIONS='{\"gpu.samples\": 24}'"
@@ -65,7 +96,12 @@ class BusSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GPUWARDEN_", extra="ignore")
 
     bootstrap_servers: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers, host:port[,...]")
-    topic_prefix: str = Field("gpuwarden.", description="Prefix of every topic name")
+    topic_prefix: str = Field(
+        "gpuwarden.",
+        pattern=TOPIC_PREFIX_PATTERN,
+        description="Prefix of every topic name, [A-Za-z0-9._-]{0,100} (a topic is the prefix + its name, so end "
+        "it in '.', '-' or '_')",
+    )
     client_id: str = Field("gpuwarden", description="Kafka client id prefix")
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
         "PLAINTEXT", description="Kafka security protocol of every client"
@@ -111,6 +147,11 @@ class BusSettings(BaseSettings):
     producer_idempotence: Literal["auto", "true", "false"] = Field(
         "auto", description="Idempotent producer: auto = when the broker supports it"
     )
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _bootstrap(cls, v: str) -> str:
+        return check_bootstrap_servers(v)
 
     @field_validator("security_protocol", "sasl_mechanism", mode="before")
     @classmethod

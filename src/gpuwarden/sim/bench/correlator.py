@@ -41,7 +41,7 @@ from gpuwarden.shared.slurm_progress import JobsOffsets, publish_watermark
 from gpuwarden.shared.topics import create_topics
 from gpuwarden.sim.bench.figures import cpu_ms_per_1000, raw_cpu_line
 from gpuwarden.sim.bench.pipeline import collector_gpus, node_template, raw_consume_cpu
-from gpuwarden.sim.brokers import ApacheKafka, bench_broker_errors, free_port
+from gpuwarden.sim.brokers import ApacheKafka, bench_broker_errors, bootstrap_option, free_port
 
 __all__ = ["RunResult", "bench_correlator", "cpu_seconds"]
 
@@ -173,21 +173,25 @@ def _run(bootstrap: str, workers: int, nodes: int, ticks: int, gpus: int, partit
 
 def bench_correlator(
     nodes: Annotated[
-        int, typer.Option(help="Nodes (one NodeSample per node per tick); default: the fleet of bench pipeline")
+        int,
+        typer.Option(min=1, help="Nodes (one NodeSample per node per tick); default: the fleet of bench pipeline"),
     ] = 3125,
-    ticks: Annotated[int, typer.Option(help="Ticks (s of event time) per node")] = 16,
-    gpus: Annotated[int, typer.Option(help="GPUs per node")] = 8,
+    ticks: Annotated[int, typer.Option(min=1, help="Ticks (s of event time) per node")] = 16,
+    gpus: Annotated[int, typer.Option(min=1, max=64, help="GPUs per node")] = 8,
     workers: Annotated[list[int], typer.Option(help="Worker counts to run, one run each")] = [1, 2],  # noqa: B006
-    partitions: Annotated[int, typer.Option(help="Partitions of the topics")] = 6,
+    partitions: Annotated[int, typer.Option(min=1, help="Partitions of the topics")] = 6,
     bootstrap: Annotated[
         str | None,
-        typer.Option(help="Kafka bootstrap servers; default $GPUWARDEN_BOOTSTRAP_SERVERS, else deploy/kafka.sh"),
+        typer.Option(
+            help="Kafka bootstrap servers, host:port[,...]; default $GPUWARDEN_BOOTSTRAP_SERVERS, else deploy/kafka.sh",
+            callback=bootstrap_option,
+        ),
     ] = None,
     timeout: Annotated[float, typer.Option(help="Give up a run after this long, s")] = 300.0,
 ) -> None:
     """GPU samples/s through the correlator (decode, join, attributed publish, windowing) on a
     real broker, from a backlog; one run per worker count, then the ratio to the first."""
-    bootstrap = bootstrap or os.environ.get("GPUWARDEN_BOOTSTRAP_SERVERS")
+    bootstrap = bootstrap or bootstrap_option(os.environ.get("GPUWARDEN_BOOTSTRAP_SERVERS") or None)
     kafka: ApacheKafka | None = None
     if not bootstrap:
         script = Path("deploy/kafka.sh").resolve()

@@ -67,7 +67,14 @@ from gpuwarden.sim.bench.figures import (
     rss_mib,
     summarise_latencies,
 )
-from gpuwarden.sim.brokers import ApacheKafka, TansuBroker, bench_broker_errors, die_with_parent, free_port
+from gpuwarden.sim.brokers import (
+    ApacheKafka,
+    TansuBroker,
+    bench_broker_errors,
+    bootstrap_option,
+    die_with_parent,
+    free_port,
+)
 
 #: The figures are in :mod:`gpuwarden.sim.bench.figures`; re-exported for callers of this module.
 __all__ = [
@@ -665,9 +672,9 @@ async def _run(
 
 
 def pipeline(
-    nodes: Annotated[int, typer.Option(help="Nodes, one NodeSample per node per tick")] = 3125,
-    gpus: Annotated[int, typer.Option(help="GPUs per node")] = 8,
-    hz: Annotated[float, typer.Option(help="Ticks per second per node")] = 1.0,
+    nodes: Annotated[int, typer.Option(min=1, max=1_000_000, help="Nodes, one NodeSample per node per tick")] = 3125,
+    gpus: Annotated[int, typer.Option(min=1, max=64, help="GPUs per node")] = 8,
+    hz: Annotated[float, typer.Option(min=0.01, max=100, help="Ticks per second per node")] = 1.0,
     nvlink_every: Annotated[
         int,
         typer.Option(
@@ -676,15 +683,23 @@ def pipeline(
             "GPUWARDEN_COLLECTOR_NVLINK_EVERY: 1 with NVML, the default)",
         ),
     ] = 1,
-    seconds: Annotated[float, typer.Option(help="Measured window, s (XIDs injected during it)")] = 60.0,
-    warmup: Annotated[float, typer.Option(help="Load before the measured window, s")] = 15.0,
-    xid_every: Annotated[float, typer.Option(help="One XID every this many s during the window")] = 0.5,
-    job_nodes: Annotated[int, typer.Option(help="Nodes per job (one JobState each)")] = 16,
+    seconds: Annotated[
+        float, typer.Option(min=1, max=86_400, help="Measured window, s (XIDs injected during it)")
+    ] = 60.0,
+    warmup: Annotated[float, typer.Option(min=0, max=86_400, help="Load before the measured window, s")] = 15.0,
+    xid_every: Annotated[
+        float, typer.Option(min=0.01, max=86_400, help="One XID every this many s during the window")
+    ] = 0.5,
+    job_nodes: Annotated[int, typer.Option(min=1, help="Nodes per job (one JobState each)")] = 16,
     broker: Annotated[
         BrokerKind, typer.Option(help="kafka (deploy/kafka.sh or --bootstrap) or tansu")
     ] = BrokerKind.kafka,
     bootstrap: Annotated[
-        str | None, typer.Option(help="Existing Kafka; default $GPUWARDEN_BOOTSTRAP_SERVERS, else deploy/kafka.sh")
+        str | None,
+        typer.Option(
+            help="Existing Kafka, host:port[,...]; default $GPUWARDEN_BOOTSTRAP_SERVERS, else deploy/kafka.sh",
+            callback=bootstrap_option,
+        ),
     ] = None,
     bridge: Annotated[bool, typer.Option(help="Run the otlp-bridge in the path too")] = True,
     events_lane: Annotated[
@@ -718,6 +733,10 @@ def pipeline(
     """Sustained GPU samples/s through correlator -> detector (-> otlp-bridge) with consumer lag,
     XID -> failure and XID -> drain-decision latency under that load, and a raw aiokafka consume
     of the same topic in the same run (docs/architecture.md#performance-targets)."""
+    if broker is BrokerKind.tansu and bootstrap:
+        raise typer.BadParameter(
+            "--broker tansu starts its own broker: leave --bootstrap out", param_hint="--bootstrap"
+        )
     workdir = Path(tempfile.mkdtemp(prefix="gpuwarden-bench-pipeline-"))
     services = [
         "correlator",
@@ -737,7 +756,7 @@ def pipeline(
             tansu = TansuBroker(log_path=workdir / "broker.log")
             bs = tansu.start()
         else:
-            bs = bootstrap or os.environ.get("GPUWARDEN_BOOTSTRAP_SERVERS") or ""
+            bs = bootstrap or bootstrap_option(os.environ.get("GPUWARDEN_BOOTSTRAP_SERVERS") or None) or ""
             if not bs:
                 script = Path(__file__).resolve().parents[4] / "deploy" / "kafka.sh"
                 if not ApacheKafka.available(script):

@@ -29,7 +29,11 @@ class RemediatorSettings(ServiceSettings):
     remediator_ledger_file: Path | None = Field(
         None, description="JSON ledger: history, breaker, drained nodes, recent actions (None = memory only)"
     )
-    remediator_cluster: str = Field("default", min_length=1, description="Cluster name (alert label, lease topic)")
+    remediator_cluster: str = Field(
+        "default",
+        pattern=r"^[A-Za-z0-9._-]{1,100}$",
+        description="Cluster name, [A-Za-z0-9._-]{1,100} (alert label, lease topic)",
+    )
     remediator_lease: Literal["none", "kafka"] = Field(
         "none", description="none = single replica; kafka = consumer-group lease on a one-partition topic"
     )
