@@ -254,6 +254,8 @@ def test_a_bench_pointed_at_a_dead_broker_says_so_in_one_line(bench: str) -> Non
         ["pipeline", "--broker", "tansu", "--bootstrap", "127.0.0.1:1"],
         ["correlator", "--bootstrap", "127.0.0.1:"],
         ["correlator", "--nodes", "0"],
+        ["correlator", "--workers", "0"],
+        ["correlator", "--timeout", "inf"],
     ],
 )
 def test_a_benchs_bad_options_are_usage_errors(args: list[str]) -> None:
@@ -276,3 +278,13 @@ def test_the_simulated_pci_bus_ids_are_valid_and_distinct_for_every_gpu_count() 
     ids = [pci_of(i) for i in range(256)]
     assert len(set(ids)) == 256
     assert all(normalize_pci_bus_id(i) for i in ids)
+
+
+def test_the_training_scenario_names_every_node_of_a_large_fleet() -> None:
+    """``bench collector --nodes 1000`` and the like: the job names the scenario's own node names
+    (4 digits past 999), not 3-digit ones it does not have."""
+    from gpuwarden.sim.collector import training_scenario
+
+    sc = training_scenario("x", 1000, 2, 10)
+    assert sc.cluster.node_names()[-1] == "gpu-node-1000"
+    assert sc.jobs[0].node_list() == sc.cluster.node_names()

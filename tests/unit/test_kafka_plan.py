@@ -334,9 +334,13 @@ def test_a_new_users_odd_input_gets_a_plan_or_one_line() -> None:
     for gpus in ("33", "64"):
         res = run(app, ["topics", "plan", "--nodes", "10", "--gpus-per-node", gpus, "--json"])
         assert res.exit_code == 0, res.output
-    for args in (["--prefix", "a b"], ["--prefix", "t[/b]x."], ["--cluster", ""], ["--interval", "inf"]):
+    for args in (["--prefix", "a b"], ["--prefix", "t[/b]x."], ["--prefix", "x.\n"], ["--cluster", ""],
+                 ["--cluster", "c\n"], ["--interval", "inf"]):  # fmt: skip
         res = run(app, ["topics", "plan", *args])
         assert res.exit_code == 2 and "Traceback" not in res.output, (args, res.output)
+    # topics create checks its prefix the same way, before it talks to a broker
+    res = run(app, ["topics", "create", "--bootstrap-servers", "127.0.0.1:1", "--prefix", "a b"])
+    assert res.exit_code == 2 and "Kafka's topic characters" in res.output
     res = run(app, ["topics", "plan", "--prefix", "", "--json"])
     doc = orjson.loads(res.stdout)
     assert doc["topics"][0]["name"] == "gpu.samples" and doc["inputs"]["prefix"] == ""
@@ -358,7 +362,11 @@ def test_bootstrap_servers_and_the_topic_prefix_are_checked_at_start() -> None:
     from gpuwarden.shared.settings import BusSettings, check_bootstrap_servers
 
     assert check_bootstrap_servers(" kafka-1:9092 , [::1]:9093,localhost") == "kafka-1:9092,[::1]:9093,localhost"
-    for bad in ("notahost:xx", "127.0.0.1:", "127.0.0.1:99999", "h:0", "", "a b:1"):
+    # every form aiokafka takes: bare IPv6 (default port), a zone id, a trailing comma
+    for ok in ("::1", "2001:db8::1", "[fe80::1%eth0]:9092", "kafka:9092,"):
+        assert check_bootstrap_servers(ok) == ok.rstrip(",")
+        assert BusSettings(bootstrap_servers=ok).bootstrap_servers == ok.rstrip(",")
+    for bad in ("notahost:xx", "127.0.0.1:", "127.0.0.1:99999", "h:0", "", " , ", "a b:1"):
         with pytest.raises(ValueError, match="not host:port"):
             check_bootstrap_servers(bad)
         with pytest.raises(ValidationError):
@@ -367,3 +375,16 @@ def test_bootstrap_servers_and_the_topic_prefix_are_checked_at_start() -> None:
         with pytest.raises(ValidationError):
             BusSettings(topic_prefix=bad)
     assert BusSettings(topic_prefix="").topic("gpu.samples") == "gpu.samples"
+
+
+def test_the_remediators_cluster_is_a_topic_name_only_with_the_kafka_lease() -> None:
+    """GPUWARDEN_REMEDIATOR_CLUSTER is an alert label, any text; with the Kafka lease it also
+    names the lease topic, so it must then be Kafka's topic characters."""
+    from pydantic import ValidationError
+
+    from gpuwarden.remediator.settings import RemediatorSettings
+
+    assert RemediatorSettings(remediator_cluster="Prod A").remediator_cluster == "Prod A"
+    assert RemediatorSettings(remediator_cluster="prod-a", remediator_lease="kafka").remediator_lease == "kafka"
+    with pytest.raises(ValidationError, match="names the lease topic"):
+        RemediatorSettings(remediator_cluster="Prod A", remediator_lease="kafka")

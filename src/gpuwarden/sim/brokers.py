@@ -61,7 +61,7 @@ def bench_broker_errors(bootstrap: str, started_here: bool) -> Iterator[None]:
         yield
     except KafkaConnectionError as exc:
         what = (
-            "the broker this bench started (its log is in the work dir)"
+            "the broker this bench started: it stopped answering (out of memory or disk?)"
             if started_here
             else "--bootstrap / GPUWARDEN_BOOTSTRAP_SERVERS, or leave both unset and the bench starts Apache Kafka "
             "itself (deploy/kafka.sh)"

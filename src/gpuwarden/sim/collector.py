@@ -19,7 +19,7 @@ import hostlist
 from gpuwarden.collector.settings import CollectorSettings
 from gpuwarden.collector.sources import NvmlSource, default_collector_id
 from gpuwarden.shared.models import GpuEvent, NodeSample
-from gpuwarden.shared.scenario import Scenario, ScenarioClock, load_scenario
+from gpuwarden.shared.scenario import Cluster, Scenario, ScenarioClock, load_scenario
 
 from .kernel_log import KernelLogGenerator
 from .nvml import FakeNvml
@@ -43,7 +43,7 @@ def training_scenario(name: str, nodes: int, gpus: int, duration_s: int, job_id:
             "jobs": [
                 {
                     "id": job_id,
-                    "nodes": hostlist.collect_hostlist([f"gpu-node-{i:03d}" for i in range(1, nodes + 1)]),
+                    "nodes": hostlist.collect_hostlist(Cluster(nodes=nodes, gpus_per_node=gpus).node_names()),
                     "gpus_per_node": gpus,
                     "start_s": 0,
                     "end_s": duration_s,

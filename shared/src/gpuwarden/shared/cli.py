@@ -109,6 +109,15 @@ def _settings(cls: Callable[[], _S]) -> _S:
     raise typer.Exit(2)
 
 
+def _check_prefix(prefix: str | None) -> None:
+    """A ``--prefix`` of Kafka's topic characters (GPUWARDEN_TOPIC_PREFIX's rule), else a usage error."""
+    from .settings import TOPIC_PREFIX_PATTERN
+
+    if prefix is not None and not re.fullmatch(TOPIC_PREFIX_PATTERN.strip("^$"), prefix):
+        raise typer.BadParameter(f"{prefix!r} is not [A-Za-z0-9._-]{{0,100}} (Kafka's topic characters)",
+                                 param_hint="--prefix")  # fmt: skip
+
+
 @topics_app.command("create")
 def topics_create(
     bootstrap_servers: Annotated[
@@ -130,6 +139,7 @@ def topics_create(
 
     from .topics import create_topics
 
+    _check_prefix(prefix)
     s = _bus_settings()
     layout = _topic_settings()
     bs = bootstrap_servers or s.bootstrap_servers
@@ -137,7 +147,7 @@ def topics_create(
         res = asyncio.run(
             create_topics(
                 bs,
-                prefix or s.topic_prefix,
+                prefix if prefix is not None else s.topic_prefix,
                 partitions,
                 replication_factor,
                 client_kwargs=s.kafka_kwargs(),
@@ -159,7 +169,7 @@ def topics_plan(
     nodes: Annotated[int, typer.Option(min=1, help="GPU nodes in the fleet")] = 1000,
     gpus_per_node: Annotated[int, typer.Option(min=1, max=64, help="GPUs per node")] = 8,
     interval: Annotated[
-        float, typer.Option(min=0.1, max=3600, help="Collector interval, s (GPUWARDEN_COLLECTOR_INTERVAL_S)")
+        float, typer.Option(min=0.1, help="Collector interval, s (GPUWARDEN_COLLECTOR_INTERVAL_S)")
     ] = 1.0,
     nvlink_every: Annotated[
         int,
@@ -208,14 +218,12 @@ def topics_plan(
         sizes = measure_sizes(gpus_per_node, nvlink_every=nvlink_every)
         ratio = sizes.pop("gzip_ratio")
         basis = f"measured on a simulated {gpus_per_node}-GPU H100 node, {links}"
-    import re
+    import math
 
-    from .settings import TOPIC_PREFIX_PATTERN
-
-    if prefix is not None and not re.match(TOPIC_PREFIX_PATTERN, prefix):
-        raise typer.BadParameter(f"{prefix!r} is not [A-Za-z0-9._-]{{0,100}} (Kafka's topic characters)",
-                                 param_hint="--prefix")  # fmt: skip
-    if not re.match(r"^[A-Za-z0-9._-]{1,100}$", cluster):
+    _check_prefix(prefix)
+    if not math.isfinite(interval):
+        raise typer.BadParameter(f"{interval} is not a finite number of seconds", param_hint="--interval")
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,100}", cluster):
         raise typer.BadParameter(f"{cluster!r} is not [A-Za-z0-9._-]{{1,100}}", param_hint="--cluster")
     layout = _topic_settings()
     pre = prefix if prefix is not None else _bus_settings().topic_prefix

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import ssl
@@ -26,18 +27,27 @@ __all__ = [
 #: topic name (a lease's, with a 100-character cluster name) stays under Kafka's 249.
 TOPIC_PREFIX_PATTERN = r"^[A-Za-z0-9._-]{0,100}$"
 
-_BOOTSTRAP_ENTRY = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::(\d{1,5}))?$")
+_BOOTSTRAP_ENTRY = re.compile(r"^(\[[0-9A-Fa-f:.]+(?:%[A-Za-z0-9._-]+)?\]|[A-Za-z0-9._-]+)(?::(\d{1,5}))?$")
 
 
 def check_bootstrap_servers(value: str) -> str:
-    """``host[:port],...`` (an IPv6 host in brackets; port 1-65535, 9092 when left out), as
-    aiokafka takes it; returns ``value`` without the blanks around each entry.
+    """``host[:port],...`` as aiokafka takes it: a host name or IPv4 address, an IPv6 address in
+    brackets (a zone id too, ``[fe80::1%eth0]:9092``) or bare (default port), port 1-65535 or
+    left out (9092); blanks around an entry and empty entries (a trailing comma) are dropped.
+    Returns the cleaned list.
 
     Raises:
-        ValueError: empty, or an entry that is not ``host[:port]``, naming it.
+        ValueError: no entry, or one that is not ``host[:port]``, naming it.
     """
-    entries = [e.strip() for e in value.split(",")]
+    entries = [e.strip() for e in value.split(",") if e.strip()]
+    if not entries:
+        raise ValueError(f"not host:port (port 1-65535): no address in {value!r}")
     for e in entries:
+        try:
+            ipaddress.IPv6Address(e)  # a bare IPv6 address: aiokafka uses the default port
+            continue
+        except ValueError:
+            pass
         m = _BOOTSTRAP_ENTRY.match(e)
         if m is None or (m.group(2) is not None and not 1 <= int(m.group(2)) <= 65535):
             raise ValueError(f"not host:port (port 1-65535): {e!r} in {value!r}")

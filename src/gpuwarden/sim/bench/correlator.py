@@ -178,7 +178,7 @@ def bench_correlator(
     ] = 3125,
     ticks: Annotated[int, typer.Option(min=1, help="Ticks (s of event time) per node")] = 16,
     gpus: Annotated[int, typer.Option(min=1, max=64, help="GPUs per node")] = 8,
-    workers: Annotated[list[int], typer.Option(help="Worker counts to run, one run each")] = [1, 2],  # noqa: B006
+    workers: Annotated[list[int], typer.Option(min=1, max=64, help="Worker counts to run, one run each")] = [1, 2],  # noqa: B006
     partitions: Annotated[int, typer.Option(min=1, help="Partitions of the topics")] = 6,
     bootstrap: Annotated[
         str | None,
@@ -187,7 +187,7 @@ def bench_correlator(
             callback=bootstrap_option,
         ),
     ] = None,
-    timeout: Annotated[float, typer.Option(help="Give up a run after this long, s")] = 300.0,
+    timeout: Annotated[float, typer.Option(min=1, max=86_400, help="Give up a run after this long, s")] = 300.0,
 ) -> None:
     """GPU samples/s through the correlator (decode, join, attributed publish, windowing) on a
     real broker, from a backlog; one run per worker count, then the ratio to the first."""

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 
 from gpuwarden.shared.settings import ServiceSettings
 from gpuwarden.shared.slurm import DEFAULT_SIM_STATE_FILE
@@ -31,8 +32,9 @@ class RemediatorSettings(ServiceSettings):
     )
     remediator_cluster: str = Field(
         "default",
-        pattern=r"^[A-Za-z0-9._-]{1,100}$",
-        description="Cluster name, [A-Za-z0-9._-]{1,100} (alert label, lease topic)",
+        min_length=1,
+        description="Cluster name (alert label; with GPUWARDEN_REMEDIATOR_LEASE=kafka also the lease topic's, "
+        "then [A-Za-z0-9._-]{1,100})",
     )
     remediator_lease: Literal["none", "kafka"] = Field(
         "none", description="none = single replica; kafka = consumer-group lease on a one-partition topic"
@@ -91,6 +93,15 @@ class RemediatorSettings(ServiceSettings):
             window_s=self.remediator_window_s,
             max_per_node_per_week=self.remediator_max_per_node_per_week,
         )
+
+    @model_validator(mode="after")
+    def _lease_topic_name(self) -> RemediatorSettings:
+        if self.remediator_lease == "kafka" and not re.fullmatch(r"[A-Za-z0-9._-]{1,100}", self.remediator_cluster):
+            raise ValueError(
+                f"GPUWARDEN_REMEDIATOR_CLUSTER={self.remediator_cluster!r} names the lease topic with "
+                "GPUWARDEN_REMEDIATOR_LEASE=kafka: it must be [A-Za-z0-9._-]{1,100}"
+            )
+        return self
 
     def alert_sinks(self) -> list[AlertSink]:
         """The configured alert sinks."""
