@@ -113,7 +113,7 @@ def _check_prefix(prefix: str | None) -> None:
     """A ``--prefix`` of Kafka's topic characters (GPUWARDEN_TOPIC_PREFIX's rule), else a usage error."""
     from .settings import TOPIC_PREFIX_PATTERN
 
-    if prefix is not None and not re.fullmatch(TOPIC_PREFIX_PATTERN.strip("^$"), prefix):
+    if prefix is not None and not re.fullmatch(TOPIC_PREFIX_PATTERN, prefix):
         raise typer.BadParameter(f"{prefix!r} is not [A-Za-z0-9._-]{{0,100}} (Kafka's topic characters)",
                                  param_hint="--prefix")  # fmt: skip
 
@@ -196,10 +196,19 @@ def topics_plan(
     gpuwarden package (simulation layer) is installed, else the built-in measured figures are
     used. Partitions and retention follow GPUWARDEN_TOPIC_PARTITIONS /
     GPUWARDEN_TOPIC_RETENTION_HOURS where they name a topic. Talks to no broker."""
+    import math
     import shlex
     from dataclasses import asdict
 
     import orjson
+
+    from .settings import CLUSTER_NAME_PATTERN
+
+    _check_prefix(prefix)
+    if not math.isfinite(interval):
+        raise typer.BadParameter(f"{interval} is not a finite number of seconds", param_hint="--interval")
+    if not re.fullmatch(CLUSTER_NAME_PATTERN, cluster):
+        raise typer.BadParameter(f"{cluster!r} is not [A-Za-z0-9._-]{{1,100}}", param_hint="--cluster")
 
     from .kafkaplan import builtin_sizes, human_bytes, kafka_acls_argv, kafka_topics_argv, plan_acls, plan_topics
     from .plugins import PluginMissing, load_plugin
@@ -218,13 +227,6 @@ def topics_plan(
         sizes = measure_sizes(gpus_per_node, nvlink_every=nvlink_every)
         ratio = sizes.pop("gzip_ratio")
         basis = f"measured on a simulated {gpus_per_node}-GPU H100 node, {links}"
-    import math
-
-    _check_prefix(prefix)
-    if not math.isfinite(interval):
-        raise typer.BadParameter(f"{interval} is not a finite number of seconds", param_hint="--interval")
-    if not re.fullmatch(r"[A-Za-z0-9._-]{1,100}", cluster):
-        raise typer.BadParameter(f"{cluster!r} is not [A-Za-z0-9._-]{{1,100}}", param_hint="--cluster")
     layout = _topic_settings()
     pre = prefix if prefix is not None else _bus_settings().topic_prefix
     topics = plan_topics(nodes, gpus_per_node=gpus_per_node, interval_s=interval, prefix=pre, brokers=brokers,

@@ -14,6 +14,7 @@ from pydantic import Field, SecretStr, Strict, StrictInt, ValidationError, field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = [
+    "CLUSTER_NAME_PATTERN",
     "SETTINGS_JSON_HINT",
     "TOPIC_PREFIX_PATTERN",
     "BusSettings",
@@ -26,6 +27,8 @@ __all__ = [
 #: What a topic prefix may be: Kafka's legal topic characters, short enough that the longest
 #: topic name (a lease's, with a 100-character cluster name) stays under Kafka's 249.
 TOPIC_PREFIX_PATTERN = r"^[A-Za-z0-9._-]{0,100}$"
+#: What a Slurm cluster name may be where it names a topic (the leases) or keys a record.
+CLUSTER_NAME_PATTERN = r"^[A-Za-z0-9._-]{1,100}$"
 
 _BOOTSTRAP_ENTRY = re.compile(r"^(\[[0-9A-Fa-f:.]+(?:%[A-Za-z0-9._-]+)?\]|[A-Za-z0-9._-]+)(?::(\d{1,5}))?$")
 

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 
-from gpuwarden.shared.settings import ServiceSettings
+from gpuwarden.shared.settings import CLUSTER_NAME_PATTERN, ServiceSettings
 from gpuwarden.shared.slurm import DEFAULT_SIM_STATE_FILE
 
 from .alerts import RUNBOOK_BASE_URL, AlertmanagerSink, AlertSink, JsonWebhookSink, SlackSink
@@ -96,7 +96,7 @@ class RemediatorSettings(ServiceSettings):
 
     @model_validator(mode="after")
     def _lease_topic_name(self) -> RemediatorSettings:
-        if self.remediator_lease == "kafka" and not re.fullmatch(r"[A-Za-z0-9._-]{1,100}", self.remediator_cluster):
+        if self.remediator_lease == "kafka" and not re.fullmatch(CLUSTER_NAME_PATTERN, self.remediator_cluster):
             raise ValueError(
                 f"GPUWARDEN_REMEDIATOR_CLUSTER={self.remediator_cluster!r} names the lease topic with "
                 "GPUWARDEN_REMEDIATOR_LEASE=kafka: it must be [A-Za-z0-9._-]{1,100}"

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from gpuwarden.shared.settings import ServiceSettings
+from gpuwarden.shared.settings import CLUSTER_NAME_PATTERN, ServiceSettings
 from gpuwarden.shared.slurm import DEFAULT_SIM_STATE_FILE
 from gpuwarden.shared.slurm.factory import DEFAULT_REST_URL
 
@@ -47,7 +47,7 @@ class SlurmWatcherSettings(ServiceSettings):
     )
     slurm_watcher_cluster: str = Field(
         "default",
-        pattern=r"^[A-Za-z0-9._-]{1,100}$",
+        pattern=CLUSTER_NAME_PATTERN,
         description="Cluster name, [A-Za-z0-9._-]{1,100} (one lease, one publisher per cluster; the key and "
         "cluster field of its slurm.watermarks)",
     )
