@@ -33,7 +33,9 @@ def install_section() -> str:
 def test_the_dockerfile_builds_wheels_then_installs_them_with_the_script() -> None:
     text = (ROOT / "deploy" / "Dockerfile").read_text()
     stages = re.split(r"^FROM ", text, flags=re.M)[1:]
-    assert len(stages) == 2 and stages[0].startswith("python:3.11-slim AS build"), stages[:1]
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim$", text, re.M), "the base is python:3.11-slim by default"
+    assert len(stages) == 2 and stages[0].startswith("${PYTHON_IMAGE} AS build"), stages[:1]
+    assert stages[1].startswith("${PYTHON_IMAGE}\n"), stages[1][:40]
     assert "build-dist.sh dist /dist" in stages[0] and "build-dist.sh wheelhouse /wheelhouse" in stages[0]
     runs = re.findall(r"^RUN (.*?)(?<!\\)$", stages[1], flags=re.M | re.S)
     pip_runs = [r for r in runs if "pip " in r or "install-from-dist.sh" in r]
@@ -89,3 +91,15 @@ def test_dist_and_wheelhouse_are_ignored_by_git() -> None:
     for path in ("dist/x.whl", "wheelhouse/x.whl"):
         res = subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT)
         assert res.returncode == 0, f"{path} is not git-ignored"
+
+
+def test_the_build_context_is_what_the_dockerfile_copies() -> None:
+    """.dockerignore excludes everything (.venv, .git) but the paths deploy/Dockerfile copies."""
+    ignore = [ln for ln in (ROOT / ".dockerignore").read_text().splitlines() if ln and not ln.startswith("#")]
+    assert ignore[0] == "*", ignore
+    allowed = {ln[1:] for ln in ignore if ln.startswith("!")}
+    text = (ROOT / "deploy" / "Dockerfile").read_text()
+    copied = set()
+    for line in re.findall(r"^COPY (?!--from)(.+)$", text, re.M):
+        copied.update(line.split()[:-1])  # the last word is the destination
+    assert copied and copied == allowed, (copied - allowed, allowed - copied)
