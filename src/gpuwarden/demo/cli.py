@@ -189,6 +189,8 @@ def _go(
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: services stopped[/]")
         raise typer.Exit(130) from None
+    except typer.Exit:  # its own exit code (click's Exit is a RuntimeError)
+        raise
     except (RuntimeError, OSError) as exc:
         logs = p.workdir / "logs"
         console.print(f"\n[red]error:[/] {escape(str(exc))}" + (f"\nservice logs in {logs}" if logs.exists() else ""))

@@ -5,6 +5,7 @@ spelling of absolute times in reports and terminal output."""
 from __future__ import annotations
 
 import math
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -36,12 +37,20 @@ def iso_utc(ts: float | None) -> str | None:
 
 
 def check_report_path(path: Path | None, console: Console) -> None:
-    """Before a run: exit 2 with one line if ``path``'s folder does not exist or is not one
-    (so a long run is not lost at its end). ``None``: no report asked for."""
-    if path is not None and not path.parent.is_dir():
-        console.print(
-            f"[red]error:[/] cannot write the report {escape(str(path))}: {escape(str(path.parent))} is not a folder"
-        )
+    """Before a run: exit 2 with one line if ``path``'s folder does not exist, is not one, or
+    this user may not write there (so a long run is not lost at its end). ``None``: no report
+    asked for."""
+    if path is None:
+        return
+    why = None
+    if not path.parent.is_dir():
+        why = f"{path.parent} is not a folder"
+    elif path.is_dir():
+        why = "it is a folder"
+    elif not os.access(path if path.exists() else path.parent, os.W_OK):
+        why = f"no write permission on {path if path.exists() else path.parent}"
+    if why is not None:
+        console.print(f"[red]error:[/] cannot write the report {escape(str(path))}: {escape(why)}")
         raise typer.Exit(2)
 
 
