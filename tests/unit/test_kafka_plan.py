@@ -76,6 +76,10 @@ def test_the_command_prints_the_plan_and_json() -> None:
     r = CliRunner().invoke(app, ["topics", "plan", "--nodes", "1000"], env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output
     assert "gpuwarden.gpu.samples" in r.output and "total:" in r.output and "kafka-acls.sh" in r.output
+    assert "Kafka plan: 1,000 nodes x 8 GPUs every 1 s" in r.output and ", 3 brokers," in r.output
+    one = CliRunner().invoke(app, ["topics", "plan", "--nodes", "1", "--gpus-per-node", "1", "--brokers", "1"],
+                             env={"COLUMNS": "200"})  # fmt: skip
+    assert "Kafka plan: 1 node x 1 GPU every 1 s" in one.output and ", 1 broker," in one.output, one.output
     r = CliRunner().invoke(app, ["topics", "plan", "--nodes", "10", "--json"])
     doc = orjson.loads(r.output)
     assert {t["short"] for t in doc["topics"]} >= set(TOPICS) and doc["kafka_acls"] and doc["gzip_ratio"] > 1

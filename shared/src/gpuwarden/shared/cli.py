@@ -109,6 +109,11 @@ def _settings(cls: Callable[[], _S]) -> _S:
     raise typer.Exit(2)
 
 
+def _count(n: int, noun: str) -> str:
+    """``1 node``, ``2 nodes``."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def _check_prefix(prefix: str | None) -> None:
     """A ``--prefix`` of Kafka's topic characters (GPUWARDEN_TOPIC_PREFIX's rule), else a usage error."""
     from .settings import TOPIC_PREFIX_PATTERN
@@ -249,8 +254,8 @@ def topics_plan(
     out = Console(width=max(Console().width, 160))
     t = Table(Column("topic", overflow="fold"), "partitions", "replicas", "min.insync", "retention",
               "messages/day", "bytes/day", "stored", "created by",
-              title=f"Kafka plan: {nodes} nodes x {gpus_per_node} GPUs every {interval:g} s, "
-              f"{links}, {brokers} brokers, prefix {pre or '(none)'}")  # fmt: skip
+              title=f"Kafka plan: {_count(nodes, 'node')} x {_count(gpus_per_node, 'GPU')} every {interval:g} s, "
+              f"{links}, {_count(brokers, 'broker')}, prefix {pre or '(none)'}")  # fmt: skip
     for tp in topics:
         days = tp.retention_days
         ret = "compacted" if tp.configs.get("cleanup.policy") == "compact" else f"{days:g} d" if days else "default"
