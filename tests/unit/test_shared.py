@@ -74,6 +74,20 @@ def test_json_schemas_in_docs_are_current() -> None:
     assert write_schemas(ROOT / "docs" / "schemas", check=True) == [], "run: gpuwarden schemas"
 
 
+def test_schemas_into_a_place_it_cannot_write_is_one_line(tmp_path: Path) -> None:
+    """In an image the working directory may be read-only: one line, exit 1, not a traceback."""
+    from typer.testing import CliRunner
+
+    from gpuwarden.shared.cli import app
+
+    (tmp_path / "file").write_text("")
+    res = CliRunner().invoke(app, ["schemas", "--out", str(tmp_path / "file" / "schemas")], env={"COLUMNS": "300"})
+    assert res.exit_code == 1, res.output
+    assert res.output.startswith(f"error: cannot write the schemas in {tmp_path / 'file' / 'schemas'}: "), res.output
+    ok = CliRunner().invoke(app, ["schemas", "--out", str(tmp_path / "s")])
+    assert ok.exit_code == 0 and (tmp_path / "s" / "NodeSample.json").is_file(), ok.output
+
+
 def test_topic_registry_names_and_models() -> None:
     assert topic("failures") == "gpuwarden.failures"
     assert BusSettings(topic_prefix="x.").topic("gpu.samples") == "x.gpu.samples"

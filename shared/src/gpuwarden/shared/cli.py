@@ -311,7 +311,11 @@ def schemas(
     """Generate JSON Schemas of every message model (docs/schemas/<Model>.json)."""
     from .schemas import write_schemas
 
-    changed = write_schemas(out, check=check)
+    try:
+        changed = write_schemas(out, check=check)
+    except OSError as exc:  # a folder this user may not write (an image's read-only tree), a file in the way
+        console.print(f"[red]error:[/] cannot write the schemas in {escape(str(out))}: {escape(str(exc))}")
+        raise typer.Exit(1) from None
     if check and changed:
         console.print(f"[red]out of date:[/] {', '.join(changed)}; run gpuwarden schemas")
         raise typer.Exit(1)
