@@ -9,6 +9,7 @@ its data directory, and nothing outlives the caller.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import signal
@@ -260,12 +261,58 @@ class KRaftCluster:
         return self.bootstrap_servers
 
     def start_all(self, timeout_s: float = 180) -> None:
-        """Start every stopped node (on its existing data) and wait until each listens."""
+        """Start every stopped node (on its existing data), wait until each listens, then until
+        every node is a registered broker (:meth:`wait_registered`).
+
+        Raises:
+            BrokerError: a node exited, or the cluster was not whole within ``timeout_s``.
+        """
         for n in self.nodes:
             n.start()
         end = time.monotonic() + timeout_s
         for n in self.nodes:
             n.wait(max(1.0, end - time.monotonic()))
+        self.wait_registered(max(1.0, end - time.monotonic()))
+
+    def wait_registered(self, timeout_s: float = 120) -> None:
+        """Wait until the cluster's metadata lists every node as a broker. Listening is not
+        enough: until the controller quorum has a leader and has registered a broker, the
+        brokers answer with fewer brokers or none (aiokafka: "No broker metadata found"), and a
+        controller election at start-up on a busy machine can take seconds. Topics created
+        before then get fewer replicas than the cluster has (the replication factor follows the
+        brokers registered). Call it from a thread without a running event loop.
+
+        Raises:
+            BrokerError: not every node registered within ``timeout_s`` (what was seen last).
+        """
+        end = time.monotonic() + timeout_s
+        last = "no answer yet"
+        while True:
+            try:
+                seen = asyncio.run(self._registered())
+                if seen >= len(self.nodes):
+                    return
+                last = f"{seen} of {len(self.nodes)} brokers registered"
+            except Exception as exc:  # any client error: not ready yet, try again
+                last = f"{type(exc).__name__}: {exc}"
+            if time.monotonic() > end:
+                raise BrokerError(
+                    f"the KRaft cluster at {self.bootstrap_servers} did not register its {len(self.nodes)} "
+                    f"brokers in {timeout_s:.0f} s ({last})\n{self.nodes[0].log_tail()}"
+                )
+            time.sleep(0.5)
+
+    async def _registered(self) -> int:
+        """Brokers in the cluster's metadata now (one admin client, 5 s per request)."""
+        from aiokafka.admin import AIOKafkaAdminClient
+
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap_servers, request_timeout_ms=5000)
+        await admin.start()
+        try:
+            cluster = await admin.describe_cluster()
+            return len(cluster.get("brokers") or [])
+        finally:
+            await admin.close()
 
     def stop_all(self, timeout_s: float = 15) -> None:
         """SIGTERM every node at once, SIGKILL what still runs after ``timeout_s`` (the last
