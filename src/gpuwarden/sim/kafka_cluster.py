@@ -304,9 +304,9 @@ class KRaftCluster:
 
     async def _registered(self) -> int:
         """Brokers in the cluster's metadata now (one admin client, 5 s per request)."""
-        from aiokafka.admin import AIOKafkaAdminClient
+        from gpuwarden.shared.bus.clients import kafka_admin
 
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap_servers, request_timeout_ms=5000)
+        admin = kafka_admin(self.bootstrap_servers, request_timeout_ms=5000)
         await admin.start()
         try:
             cluster = await admin.describe_cluster()
