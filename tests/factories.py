@@ -3,6 +3,7 @@ pytest puts this folder on ``sys.path`` because it holds the root ``conftest.py`
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from gpuwarden.shared.models import Action, Category, CostEstimate, Failure, GpuSample, NodeState, Severity
@@ -80,3 +81,9 @@ def healthy_gpu(index: int, **kw: Any) -> GpuSample:
     )
     base.update(kw)
     return GpuSample(**base)
+
+
+def version_report(stdout: str) -> dict[str, str]:
+    """``gpuwarden --version``'s output as ``{distribution: version}``, one entry per gpuwarden
+    package it names (``gpuwarden-detector 0.9.0`` -> ``{"gpuwarden-detector": "0.9.0"}``)."""
+    return dict(re.findall(r"(gpuwarden(?:-[a-z-]+)?) (\S+)", stdout))

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from factories import version_report
 from prerequisites import give_up
 
 pytestmark = pytest.mark.integration
@@ -115,7 +116,7 @@ def test_the_dockerfiles_install_line_works_from_dist_and_the_lock_alone(
     gw = str(venv / "bin" / "gpuwarden")
     out = sh([gw, "--version"], timeout=60)
     assert out.returncode == 0, out.stderr
-    assert dict(re.findall(r"(gpuwarden(?:-[a-z-]+)?) (\S+)", out.stdout)) == wheels, out.stdout
+    assert version_report(out.stdout) == wheels, out.stdout
 
     report = tmp_path / "report.json"
     demo = sh([gw, "demo", "--report", str(report), "--no-live"], timeout=300, cwd=tmp_path)

@@ -20,17 +20,18 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
 import signal
 import subprocess
 import tarfile
+import tomllib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from factories import version_report
 from prerequisites import give_up
 
 pytestmark = pytest.mark.integration
@@ -161,11 +162,8 @@ def wheel_versions() -> dict[str, str]:
     """Every gpuwarden package and its version, from the pyprojects the image was built from."""
     out = {}
     for pp in [ROOT / "pyproject.toml", ROOT / "shared" / "pyproject.toml", *ROOT.glob("services/*/pyproject.toml")]:
-        text = pp.read_text()
-        name = re.search(r'^name\s*=\s*"([^"]+)"', text, re.M)
-        version = re.search(r'^version\s*=\s*"([^"]+)"', text, re.M)
-        assert name and version, pp
-        out[name.group(1)] = version.group(1)
+        project = tomllib.loads(pp.read_text())["project"]
+        out[project["name"]] = project["version"]
     return out
 
 
@@ -176,7 +174,7 @@ def test_the_image_runs_as_its_own_user_with_every_package_and_no_build_files(im
 
     assert ok(in_container(container, "id", "-u")).strip() == "10001"
     version = ok(in_container(container, "gpuwarden", "--version"))
-    assert dict(re.findall(r"(gpuwarden(?:-[a-z-]+)?) (\S+)", version)) == wheel_versions(), version
+    assert version_report(version) == wheel_versions(), version
     # the wheels and the wheelhouse were installed and removed; pip finds the dependencies consistent
     assert in_container(container, "test", "-e", "/dist").returncode == 1
     assert in_container(container, "test", "-e", "/wheelhouse").returncode == 1
