@@ -320,10 +320,11 @@ for pattern, profile, within, gpu, dur in [
     ("low-tensor-activity", "low-tensor", 600, None, 700),
 ]:
     for v in VS:
-        both = pattern in ("gpu-memory-leak", "partial-idle-allocation")  # low-tensor: one finding for the job
+        both = pattern == "gpu-memory-leak"  # low-tensor: one finding for the job
         nodes = [N1, N2][: v.nodes] if both else [N1]
-        # the idle half of each node (GPUs 4-7): one node-level finding per node
-        gpus = [None] if both else [gpu]
+        # partial-idle-allocation: the idle half of each node of the job (GPUs 4-7) is one job-level
+        # finding (aggregate: job), named by the job's first node
+        gpus = [None] if both or pattern == "partial-idle-allocation" else [gpu]
         count = 1 if pattern == "partial-idle-allocation" else None
         S[pattern + v.suffix] = v.sc(
             pattern,
@@ -464,6 +465,50 @@ S["healthy-partial-allocation"] = sc(
 )
 S["healthy-partial-allocation"]["cluster"]["price_usd_per_gpu_hour"] = 1.8
 
+# The same join race with jobs changing hands: one job ends and the next starts on the same GPUs in
+# the same second, another node pair has gaps between jobs. Every allocation change must reach the
+# correlator before the samples of its time are joined, at any speed.
+S["healthy-job-churn"] = sc(
+    "healthy-job-churn",
+    "four A100 nodes; short training jobs back to back on the same GPUs (one ends, the next starts the same "
+    "second) on two nodes, jobs with gaps on the other two: no finding",
+    jobs=[
+        job(id=4001, nodes="gpu-node-[001-002]", end=90),
+        job(id=4002, user="user2", nodes="gpu-node-[001-002]", start=90, end=200),
+        job("inference", id=4003, user="user3", nodes="gpu-node-[001-002]", start=200),
+        job(id=4004, nodes="gpu-node-[003-004]", gpus=4, start=10, end=70),
+        job(id=4005, user="user4", nodes="gpu-node-[003-004]", gpus=4, start=130),
+    ],
+    nodes=4,
+    model="A100-SXM4-80GB",
+    seed=5,
+)
+S["healthy-job-churn"]["cluster"]["price_usd_per_gpu_hour"] = 1.8
+# Three faults on a 16-node fleet with two jobs, each finding with its own job.
+S["mixed-faults-wide-job"] = sc(
+    "mixed-faults-wide-job",
+    "sixteen nodes, a 16-node job on six GPUs each and a second job on the other two of nodes 1-8: XID 79 on "
+    "node 5, a thermal throttle on node 11, NVLink errors on node 3 (the second job): three findings, each "
+    "with its job",
+    jobs=[
+        job(id=6001, nodes="gpu-node-[001-016]", gpus=6),
+        job("inference", id=6002, user="user2", nodes="gpu-node-[001-008]", gpus=2, start=20),
+    ],
+    faults=[
+        {"at_s": 100, "kind": "xid", "node": "gpu-node-005", "gpu": 2, "xid": 79},
+        {"at_s": 60, "kind": "thermal-throttle", "node": "gpu-node-011", "gpu": 4},
+        {"at_s": 80, "kind": "nvlink-errors", "node": "gpu-node-003", "gpu": 7},
+    ],
+    expect=[
+        ex("gpu-fallen-off-bus", node="gpu-node-005", gpu=2, job=6001, within=5, count=1),
+        ex("thermal-throttle", node="gpu-node-011", gpu=4, job=6001, within=45),
+        ex("nvlink-error", node="gpu-node-003", gpu=7, job=6002, within=75),
+    ],
+    allow=["straggler-gpu", "straggler-node"],
+    nodes=16,
+    seed=29,
+)
+
 # --- one fault, one finding (issue 24: scope aggregation) --------------------------------------
 S["straggler-node-large-job"] = sc(
     "straggler-node-large-job",
@@ -472,6 +517,19 @@ S["straggler-node-large-job"] = sc(
     faults=[{"at_s": 60, "kind": "straggler-node", "node": "gpu-node-009", "factor": 0.6}],
     expect=[ex("straggler-node", node="gpu-node-009", gpu=None, within=120, count=1)],
     nodes=16,
+)
+S["partial-idle-large-job"] = sc(
+    "partial-idle-large-job",
+    "an 8-node, 64-GPU job uses 4 of the 8 GPUs it holds on every node, beside a healthy 4-node job: one job-level "
+    "partial-idle-allocation naming the 8 nodes, not one per node or per GPU, and nothing for the other job",
+    jobs=[
+        job("partial-idle", id=2001, user="user3", nodes="gpu-node-[001-008]"),
+        job(id=2002, user="user4", nodes="gpu-node-[009-012]"),
+    ],
+    expect=[{"pattern": "partial-idle-allocation", "within_s": 420, "job": 2001, "count": 1}],
+    duration=480,
+    nodes=12,
+    seed=29,
 )
 S["partial-idle-shared-node"] = sc(
     "partial-idle-shared-node",
