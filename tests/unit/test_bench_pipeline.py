@@ -16,6 +16,7 @@ from gpuwarden.sim.bench.figures import (
     rate,
     ratio,
     raw_cpu_line,
+    raw_floor_line,
     report,
     stage_cpu_ms,
     summarise_latencies,
@@ -192,7 +193,11 @@ def test_report_adds_the_raw_consume_cpu_line_and_keeps_the_raw_lines() -> None:
     assert lines[: len(before)] == before  # every existing line as it was, the new one after them
     assert lines[len(before) :] == [
         "raw consume CPU per 1,000 GPU samples: 125.00 ms (aiokafka + orjson); stages as a multiple of it: "
-        "correlator 8.0x (target <= 8x), detector 20.0x (<= 6x)"  # no otlp-bridge in this run's services
+        "correlator 8.0x (target <= 8x), detector 20.0x (<= 6x)",  # no otlp-bridge in this run's services
+        # 125 us per GPU sample at 800/s: 0.1 cores each for the two sample stages of this run
+        "floor at the offered 800 GPU samples/s: 2 sample stages that each read every sample need >= 0.20 cores "
+        "for the raw consume alone (0.10 each), before any work of their own, the broker and the load; "
+        "this machine has 2",
     ]
     assert any(
         line.startswith("raw aiokafka consume of gpu.samples (1,000 msgs): 400,000 GPU samples/s bytes only")
@@ -288,3 +293,20 @@ def test_the_training_scenario_names_every_node_of_a_large_fleet() -> None:
     sc = training_scenario("x", 1000, 2, 10)
     assert sc.cluster.node_names()[-1] == "gpu-node-1000"
     assert sc.jobs[0].node_list() == sc.cluster.node_names()
+
+
+def test_raw_floor_line_is_one_raw_consume_per_sample_stage_at_the_offered_rate() -> None:
+    # 20 ms per 1,000 GPU samples = 20 us each; at 25,000/s that is 0.5 cores per stage, 1.5 for three
+    line = raw_floor_line(20.0, ["correlator", "detector", "otlp-bridge"], 25_000, 2)
+    assert line == (
+        "floor at the offered 25,000 GPU samples/s: 3 sample stages that each read every sample need >= 1.50 "
+        "cores for the raw consume alone (0.50 each), before any work of their own, the broker and the load; "
+        "this machine has 2"
+    )
+    assert "1 sample stage that" in (raw_floor_line(20.0, ["correlator"], 25_000, None) or "")
+    assert "this machine has n/a" in (raw_floor_line(20.0, ["correlator"], 25_000, None) or "")
+    # no raw figure, no stage, nothing offered: no line rather than a guess
+    assert raw_floor_line(None, ["correlator"], 25_000, 2) is None
+    assert raw_floor_line(0.0, ["correlator"], 25_000, 2) is None
+    assert raw_floor_line(20.0, [], 25_000, 2) is None
+    assert raw_floor_line(20.0, ["correlator"], 0, 2) is None

@@ -26,6 +26,7 @@ __all__ = [
     "rate",
     "ratio",
     "raw_cpu_line",
+    "raw_floor_line",
     "report",
     "rss_mib",
     "stage_cpu_ms",
@@ -234,6 +235,23 @@ def raw_cpu_line(raw_ms: float | None, stage_ms: dict[str, float], stages: Seque
     )
 
 
+def raw_floor_line(raw_ms: float | None, stages: Sequence[str], offered: float, cores: int | None) -> str | None:
+    """The least CPU the sample path can cost at the offered rate: each of ``stages`` reads every
+    GPU sample, so each costs at least one raw consume (``raw_ms`` per 1,000 GPU samples) with
+    no work of its own, before the broker and the load generator. ``offered``: GPU samples/s.
+    None without a raw figure or a stage."""
+    if raw_ms is None or raw_ms <= 0 or not stages or offered <= 0:
+        return None
+    each = raw_ms / 1000 / 1000 * offered  # cores: raw CPU-s per GPU sample x GPU samples/s
+    have = "n/a" if cores is None else str(cores)
+    return (
+        f"floor at the offered {offered:,.0f} GPU samples/s: {len(stages)} sample stage"
+        f"{'s' if len(stages) != 1 else ''} that each read every sample need >= {each * len(stages):.2f} cores "
+        f"for the raw consume alone ({each:.2f} each), before any work of their own, the broker and the load; "
+        f"this machine has {have}"
+    )
+
+
 def cpu_budget(res: BenchResult) -> list[str]:
     """Two lines: each sample stage's CPU per 1,000 GPU samples it committed in the measured
     window (ms, all its workers together), and the cores the path needs at the offered rate:
@@ -328,7 +346,11 @@ def report(res: BenchResult) -> list[str]:
         lines.append(f"cpu (cores used during the measured window, of {res.cores or os.cpu_count()}): {used}")
         lines += cpu_budget(res)
     if res.raw_cpu_ms is not None:
-        lines.append(raw_cpu_line(res.raw_cpu_ms, stage_cpu_ms(res), [s for s in SAMPLE_STAGES if s in res.services]))
+        stages = [s for s in SAMPLE_STAGES if s in res.services]
+        lines.append(raw_cpu_line(res.raw_cpu_ms, stage_cpu_ms(res), stages))
+        floor = raw_floor_line(res.raw_cpu_ms, stages, offered, res.cores)
+        if floor:
+            lines.append(floor)
     if res.rss_mib:
         mem = ", ".join(f"{k} {v:,.0f} MiB" for k, v in res.rss_mib.items())
         lines.append(f"memory (largest RSS during the run, {res.nodes:,} nodes): {mem}")
