@@ -195,13 +195,13 @@ def test_an_xid_named_by_bus_only_gets_the_gpu_index_the_samples_gave_that_bus()
     d.on_sample(sample(0, pci_bus_id="0000:44:00.0", uuid="GPU-44"))
     ev = parse_kernel_log_line("NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus", NODE, T0 + 5)
     assert ev is not None and ev.gpu_index is None and ev.pci_bus_id
-    out = d.on_event(as_attributed(ev)) + d.flush()
+    out = d.on_event(as_attributed(ev), raw=True) + d.flush()
     fell = [f for f in out if f.pattern == "gpu-fallen-off-bus"]
     assert fell and {(f.gpu_index, f.gpu_uuid) for f in fell} == {(0, "GPU-44")}
     # a bus this detector has no sample of stays a bus-only finding (no index is guessed)
     other = parse_kernel_log_line("NVRM: Xid (PCI:0000:c4:00): 79, GPU has fallen off the bus", NODE, T0 + 6)
     assert other is not None
-    out = d.on_event(as_attributed(other)) + d.flush()
+    out = d.on_event(as_attributed(other), raw=True) + d.flush()
     assert {
         f.gpu_index for f in out if f.pattern == "gpu-fallen-off-bus" and f.pci_bus_id and "c4" in f.pci_bus_id
     } == {None}
@@ -219,11 +219,15 @@ def test_after_a_restart_without_state_the_bus_is_known_from_the_adopted_failure
     first.on_sample(sample(0, pci_bus_id="0000:44:00.0", uuid="GPU-44"))
     ev = parse_kernel_log_line(line, NODE, T0 + 5)
     assert ev is not None
-    opened = [f for f in first.on_event(as_attributed(ev)) + first.flush() if f.pattern == "gpu-fallen-off-bus"]
+    opened = [
+        f for f in first.on_event(as_attributed(ev), raw=True) + first.flush() if f.pattern == "gpu-fallen-off-bus"
+    ]
     assert opened and opened[-1].gpu_index == 0
     again = Detector(CATALOG)  # no state file: it adopts what it published
     assert again.adopt(opened[-1])
     replay = parse_kernel_log_line(line, NODE, T0 + 5)
     assert replay is not None and replay.gpu_index is None
-    out = [f for f in again.on_event(as_attributed(replay)) + again.flush() if f.pattern == "gpu-fallen-off-bus"]
+    out = [
+        f for f in again.on_event(as_attributed(replay), raw=True) + again.flush() if f.pattern == "gpu-fallen-off-bus"
+    ]
     assert {f.failure_id for f in out} <= {opened[-1].failure_id}

@@ -130,8 +130,69 @@ def test_a_gpu_failing_under_two_jobs_is_a_repeat_offender_when_only_the_correla
         raw = f"NVRM: Xid (PCI:0000:44:00): 13, Graphics Exception {i}"
         ev = GpuEvent(event_id=stable_id("n1", ts, 13, raw), node="n1", ts=ts, kind=EventKind.XID, code=13,
                       gpu_index=0, raw=raw, source="t", message="Graphics Exception")  # fmt: skip
-        out += d.on_event(as_attributed(ev))
+        out += d.on_event(as_attributed(ev), raw=True)
         out += d.on_event(AttributedEvent(event=ev, job=GpuAttribution(gpu_index=0, job_id=job, user="u")))
     out += d.flush()
     assert ("repeat-offender-gpu", "B") in {(f.rule_id, f.job_id) for f in out}
     assert {f.job_id for f in out if f.rule_id != "repeat-offender-gpu" and f.first_seen == 1000.0} >= {"A"}
+
+
+def _app_xid(ts: float, code: int) -> GpuEvent:
+    raw = f"NVRM: Xid (PCI:0000:1b:00): {code}, pid=4242, Graphics Exception at {ts}"
+    return GpuEvent(event_id=stable_id("gpu-node-001", ts, code, raw), node="gpu-node-001", ts=ts,
+                    kind=EventKind.XID, code=code, gpu_index=1, raw=raw, source="t",
+                    message="Graphics Exception")  # fmt: skip
+
+
+def _hand_over_job(job_id: str, ts: float, state: str, start: float, end: float | None = None) -> JobState:
+    return JobState(job_id=job_id, ts=ts, state=state, user="user1", partition="gpu", nodes=["gpu-node-001"],
+                    gpus={"gpu-node-001": list(range(8))}, start_ts=start, end_ts=end)  # fmt: skip
+
+
+# The inputs of repeat-offender-gpu-s37 as the detector's topics carry them: job 3001 on the
+# node's 8 GPUs from t=0 to 150, job 3002 from 160; XID 13 on GPU 1 at 60 (under 3001) and XID 31
+# at 220 (under 3002). Each order is one the services produced or can produce: at --speed 5 the
+# jobs arrive first; at --speed 50 under a CPU hog (2026-12-07) the raw XID came before the job,
+# slurm.jobs re-attributed its failure, and the correlator's copy then changed nothing, so the
+# first XID never entered the repeat history and the finding was missed.
+_E1, _E2 = _app_xid(60.0, 13), _app_xid(220.0, 31)
+_A = GpuAttribution(gpu_index=1, job_id="3001", user="user1", partition="gpu", job_gpus=8)
+_B = GpuAttribution(gpu_index=1, job_id="3002", user="user1", partition="gpu", job_gpus=8)
+_START_A = ("slurm.jobs", _hand_over_job("3001", 1.0, "RUNNING", 0.0))
+_END_A = ("slurm.jobs", _hand_over_job("3001", 151.0, "COMPLETED", 0.0, 150.0))
+_START_B = ("slurm.jobs", _hand_over_job("3002", 161.0, "RUNNING", 160.0))
+_RAW1, _RAW2 = ("gpu.events", _E1), ("gpu.events", _E2)
+_COPY1 = ("gpu.events.attributed", AttributedEvent(event=_E1, job=_A))
+_COPY2 = ("gpu.events.attributed", AttributedEvent(event=_E2, job=_B))
+_ORDERS = {
+    "jobs first (speed 5)": [_START_A, _RAW1, _COPY1, _END_A, _START_B, _RAW2, _COPY2],
+    "raw XID before its job (speed 50)": [_RAW1, _START_A, _COPY1, _RAW2, _END_A, _START_B, _COPY2],
+    "own view stale at the hand-over": [_START_A, _RAW1, _COPY1, _RAW2, _COPY2, _END_A, _START_B],
+    "correlator copies only (in-process)": [_START_A, _COPY1, _END_A, _START_B, _COPY2],
+    "second copy before the first": [_START_A, _END_A, _START_B, _RAW1, _RAW2, _COPY2, _COPY1],
+}
+
+
+@pytest.mark.parametrize("order", list(_ORDERS))
+def test_repeat_offender_does_not_depend_on_which_copy_or_job_came_first(order: str) -> None:
+    svc, out = _service()
+    for topic, value in _ORDERS[order]:
+        asyncio.run(svc.handle(topic, value))
+    fails = out.of("failures") + svc.detector.flush()
+    rep = {(f.failure_id, f.first_seen, f.job_id) for f in fails if f.pattern == "repeat-offender-gpu"}
+    assert rep == {(stable_id("repeat-offender-gpu", "gpu-node-001", 1, 220.0), 220.0, "3002")}, order
+
+
+def test_the_detector_s_own_stale_job_never_makes_a_repeat_offender() -> None:
+    """Two application XIDs under one job (3002) right after a hand-over: the raw copy of the
+    first is attributed by this detector's own view, which still holds the job that ended (3001).
+    Only the correlator's jobs are counted, so there is one job and no repeat offender."""
+    first = _app_xid(165.0, 13)
+    copy_first = AttributedEvent(event=first, job=_B)
+    svc, out = _service()
+    for topic, value in [_START_A, ("gpu.events", first), _RAW2, ("gpu.events.attributed", copy_first), _COPY2,
+                         _END_A, _START_B]:  # fmt: skip
+        asyncio.run(svc.handle(topic, value))
+    fails = out.of("failures") + svc.detector.flush()
+    assert [f for f in fails if f.pattern == "xid-application-fault" and f.first_seen == 165.0]
+    assert not [f for f in fails if f.pattern == "repeat-offender-gpu"]

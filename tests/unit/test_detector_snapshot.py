@@ -189,3 +189,31 @@ def test_a_restored_open_condition_still_resolves_on_healthy_readings() -> None:
     resolved = {f.failure_id for f in out if f.state.value == "resolved"}
     assert {f.failure_id for f in opened if f.state.value == "open"} <= resolved
     assert fresh._tracked == {} and fresh._trackers == {}
+
+
+def test_the_repeat_history_survives_a_restart_and_an_older_file_s_history_still_counts() -> None:
+    """An application XID under one job before the restart and one under another job after it
+    make a repeat offender; a state file written before the history kept its events (a list of
+    ``(ts, job id)`` per GPU) is read into the current form and its jobs still count."""
+    from gpuwarden.shared.models import AttributedEvent, EventKind, GpuAttribution, GpuEvent
+
+    def xid(ts: float, job: str) -> AttributedEvent:
+        ev = GpuEvent(event_id=f"e{ts}", node="n1", ts=ts, kind=EventKind.XID, code=13, gpu_index=2,
+                      raw=f"NVRM: Xid (PCI:0000:1b:00): 13, Graphics Exception {ts}", source="t")  # fmt: skip
+        return AttributedEvent(event=ev, job=GpuAttribution(gpu_index=2, job_id=job, user="u"))
+
+    d = Detector(load_catalog())
+    d.on_event(xid(1000.0, "A"))
+    fresh = Detector(load_catalog())
+    fresh.restore(d.snapshot())
+    assert fresh._app_xids[("n1", 2)]["e1000.0"].event == d._app_xids[("n1", 2)]["e1000.0"].event
+    out = fresh.on_event(xid(5000.0, "B")) + fresh.flush()
+    assert {(f.rule_id, f.first_seen, f.job_id) for f in out if f.pattern == "repeat-offender-gpu"} == {
+        ("repeat-offender-gpu", 5000.0, "B")
+    }
+    old = Detector(load_catalog())
+    old._app_xids = {("n1", 2): [(1000.0, "A")]}  # type: ignore[dict-item]  # the older file's form
+    older = Detector(load_catalog())
+    older.restore(old.snapshot())
+    out = older.on_event(xid(5000.0, "B")) + older.flush()
+    assert {f.job_id for f in out if f.pattern == "repeat-offender-gpu"} == {"B"}

@@ -252,13 +252,16 @@ class Detector(EventEpisodes, JobWindows):
         out += self._reattribute(nodes)
         return self._release(out, job.ts)
 
-    def on_event(self, msg: AttributedEvent) -> list[Failure]:
+    def on_event(self, msg: AttributedEvent, *, raw: bool = False) -> list[Failure]:
         """Failures opened or updated by one event (empty if no rule matches or in a quiet burst).
 
         A secondary XID that names its cause (``caused_by_xid``) is folded into the cause's
-        open failure on the same GPU instead of opening one of its own.
+        open failure on the same GPU instead of opening one of its own. ``raw``: the event
+        lane's raw ``gpu.events`` copy (:func:`~gpuwarden.detector.lanes.as_attributed`), which
+        this detector attributes from its own allocations for the moment; only the correlator's
+        copy (``gpu.events.attributed``) counts toward ``repeat-offender-gpu``.
         """
-        return self._release(self._on_event(msg), msg.event.ts)
+        return self._release(self._on_event(msg, raw), msg.event.ts)
 
     def flush(self) -> list[Failure]:
         """The end of a finite stream (a recording, a scenario): the latest version of every

@@ -29,10 +29,13 @@ from .render import Finding, render
 if TYPE_CHECKING:
     from .pending import PendingStage
 
-__all__ = ["MAX_EVIDENCE", "Episode", "EventEpisodes", "GpuInfo"]
+__all__ = ["MAX_APP_XIDS", "MAX_EVIDENCE", "AppXid", "Episode", "EventEpisodes", "GpuInfo"]
 
 #: evidence entries kept per failure
 MAX_EVIDENCE = 20
+#: application XIDs kept per GPU for the repeat rules (the newest): an XID storm cannot grow it
+#: further (~1 KB each, the event's raw line capped at 500 characters)
+MAX_APP_XIDS = 256
 
 
 def _gpu_key(ev: GpuEvent) -> int | str | None:
@@ -63,6 +66,30 @@ class GpuInfo:
 
 
 @dataclass
+class AppXid:
+    """One application XID in a GPU's repeat history, under the job the correlator gave it.
+    ``event``/``job``: None only for an entry read from a state file written before they were
+    kept (it still counts its job, but cannot be the XID a finding opens at)."""
+
+    ts: float
+    job_id: str
+    event: GpuEvent | None = None
+    job: GpuAttribution | None = None
+
+
+def _evidence(ev: GpuEvent) -> Evidence:
+    """An event's evidence entry: its code (else message) and its raw line."""
+    return Evidence(
+        signal=ev.kind.value,
+        value=ev.code if ev.code is not None else ev.message,
+        unit="code",
+        threshold=None,
+        ts=ev.ts,
+        source=ev.raw[:500],
+    )
+
+
+@dataclass
 class Episode:
     """One open failure: its rule, first event, what is known so far, and the emitted state."""
 
@@ -83,8 +110,8 @@ class EventEpisodes:
     """The event rules' part of the detector (a mixin of :class:`~gpuwarden.detector.engine.Detector`)."""
 
     episodes: dict[tuple[str, str, int | str | None], Episode]
-    #: (node, GPU key) -> (event time, job id) of recent application XIDs (repeat offenders)
-    _app_xids: dict[tuple[str, int | str], list[tuple[float, str]]]
+    #: (node, GPU key) -> event id -> recent application XID under the correlator's job (repeat offenders)
+    _app_xids: dict[tuple[str, int | str], dict[str, AppXid]]
     catalog: Catalog
     price: float
     update_interval_s: float
@@ -129,59 +156,56 @@ class EventEpisodes:
         event = ev.model_copy(update={"gpu_index": found[0], "gpu_uuid": ev.gpu_uuid or found[1]})
         return msg.model_copy(update={"event": event})
 
-    def _on_event(self, msg: AttributedEvent) -> list[Failure]:
+    def _on_event(self, msg: AttributedEvent, raw: bool = False) -> list[Failure]:
+        """``raw``: ``msg`` is the event lane's raw copy (no job of the correlator's): its episode
+        takes this detector's own view of the job for now, and the repeat history waits for the
+        correlator's copy."""
         msg = self._index_by_bus(msg)
         ev = msg.event
         rule = self.catalog.for_event(ev.kind.value, ev.code, ev.fatal, ev.message or ev.raw)
         if rule is None:
             return []
-        evidence = Evidence(
-            signal=ev.kind.value,
-            value=ev.code if ev.code is not None else ev.message,
-            unit="code",
-            threshold=None,
-            ts=ev.ts,
-            source=ev.raw[:500],
-        )
+        evidence = _evidence(ev)
         if ev.caused_by_xid is not None:
             cause = self.catalog.for_event(ev.kind.value, ev.caused_by_xid)
             ep = self.episodes.get((cause.id, ev.node, _gpu_key(ev))) if cause else None
             if ep is not None and 0 <= ev.ts - ep.last_seen <= ep.rule.burst_window_s:
                 return self._fold(ep, ev, evidence)
         job = msg.job
-        if job is not None and (taken := self._take_attribution(rule, ev, job)) is not None:
-            out, before = taken
-            if out:  # the job changed: the repeat history counts this event under the new job
-                for rr in self.catalog.repeat_rules(ev.code):
-                    out.extend(self._repeat(rr, ev, job, evidence, replaces=before))
-            return out
-        if job is None and ev.gpu_index is not None:
-            job = self._job_at(ev.node, ev.gpu_index, ev.ts)
-        if job is None and ev.gpu_index is None:
-            job = self._node_job(ev.node, ev.ts)
-        out = self._observe(rule, ev, job, evidence)
-        for rr in self.catalog.repeat_rules(ev.code):
-            out.extend(self._repeat(rr, ev, job, evidence))
+        taken = self._take_attribution(rule, ev, job) if job is not None else None
+        if taken is not None:
+            out = taken
+        else:
+            if job is None and ev.gpu_index is not None:
+                job = self._job_at(ev.node, ev.gpu_index, ev.ts)
+            if job is None and ev.gpu_index is None:
+                job = self._node_job(ev.node, ev.ts)
+            out = self._observe(rule, ev, job, evidence)
+        if not raw:
+            counted = msg.job
+            if counted is None and ev.gpu_index is None and msg.attribution == "known":
+                # a GPU known by its bus id only: the node's one job (the correlator's copy names no
+                # GPU's job, and a job whose GRES has no GPU indices is in this view only)
+                counted = self._node_job(ev.node, ev.ts)
+            out.extend(self._count_repeat(ev, counted))
         return out
 
-    def _take_attribution(
-        self, rule: Rule, ev: GpuEvent, job: GpuAttribution
-    ) -> tuple[list[Failure], str | None] | None:
+    def _take_attribution(self, rule: Rule, ev: GpuEvent, job: GpuAttribution) -> list[Failure] | None:
         """The correlator's copy of the event that opened an episode (its raw copy came first):
         the correlator's job is the one attribution (one place attributes), so an episode opened
         without a job, or with another job from this detector's own view of ``slurm.jobs`` (with
         several workers, only its share of the jobs), takes it and is re-emitted (same
         ``failure_id``). Only the opening event names the episode's job: the copy of a later
-        event folded into it changes nothing here. Returns the failures and the job id the
-        episode had; None: not such a copy (the caller goes on)."""
+        event folded into it changes nothing here. Returns the failures (empty: nothing new);
+        None: not such a copy (the caller goes on)."""
         ep = self.episodes.get((rule.id, ev.node, _gpu_key(ev)))
         if ep is None or ev.event_id not in (ep.first.event_id, *ep.seen):
             return None
         before = ep.job.job_id if ep.job is not None else None
         if ev.event_id != ep.first.event_id or before == job.job_id:
-            return [], before  # a folded event's copy, or the same job: nothing new
+            return []  # a folded event's copy, or the same job: nothing new
         ep.job = job
-        return [self._emit(ep)], before
+        return [self._emit(ep)]
 
     def _observe(self, rule: Rule, ev: GpuEvent, job: GpuAttribution | None, evidence: Evidence) -> list[Failure]:
         key = (rule.id, ev.node, _gpu_key(ev))
@@ -262,31 +286,61 @@ class EventEpisodes:
         self._stage.published[f.failure_id] = f.last_seen
         return True
 
-    def _repeat(
-        self,
-        rule: Rule,
-        ev: GpuEvent,
-        job: GpuAttribution | None,
-        evidence: Evidence,
-        replaces: str | None = None,
-    ) -> list[Failure]:
-        """Application XIDs recurring on one GPU under several jobs: the GPU, not the code.
-        ``replaces``: the job this event was counted under before the correlator's copy named
-        another (that entry goes)."""
+    def _count_repeat(self, ev: GpuEvent, job: GpuAttribution | None) -> list[Failure]:
+        """Application XIDs recurring on one GPU under several jobs (``xid-repeat`` rules): the
+        GPU, not the code. The history holds each XID under the job of the correlator's copy
+        only (``job``; None: no job or unknown, and the XID is not counted; a GPU named by its bus
+        id alone takes the node's one job, :meth:`_on_event`). This detector's own
+        view of ``slurm.jobs`` may be behind (at a job hand-over it still names the job that just
+        ended), and its early guess once decided what was counted, so the finding depended on
+        which copy came first. Now a finding opens at the first XID, in event time, at which a
+        rule's distinct jobs within its window are reached, whatever order the copies came in:
+        its ``failure_id`` is the same at any replay speed. Later qualifying XIDs fold into it."""
+        rules = self.catalog.repeat_rules(ev.code)
         gkey = _gpu_key(ev)
-        if job is None or gkey is None or rule.match.window_s is None or rule.match.jobs is None:
+        if not rules or gkey is None:
             return []
-        hist = self._app_xids.setdefault((ev.node, gkey), [])
-        if replaces is not None and (ev.ts, replaces) in hist:
-            hist.remove((ev.ts, replaces))
-        hist.append((ev.ts, job.job_id))
-        window = rule.match.window_s
-        hist[:] = [(t, j) for t, j in hist if ev.ts - t <= window]
-        jobs = sorted({j for _, j in hist})
-        if len(jobs) < rule.match.jobs:
+        hist = self._repeat_history(ev.node, gkey)
+        if job is None:
+            hist.pop(ev.event_id, None)
             return []
-        note = ev.model_copy(update={"message": f"XIDs {sorted(rule.match.codes)} under jobs {', '.join(jobs)}"})
-        return self._observe(rule, note, job, evidence)
+        small = ev.model_copy(update={"raw": ev.raw[:500]}) if len(ev.raw) > 500 else ev
+        hist[ev.event_id] = AppXid(ev.ts, job.job_id, small, job)
+        newest = max(e.ts for e in hist.values())
+        keep = max(r.match.window_s or 0.0 for r in rules)
+        entries = sorted(
+            ((k, e) for k, e in hist.items() if newest - e.ts <= keep),
+            key=lambda ke: (ke[1].ts, ke[0]),
+        )[-MAX_APP_XIDS:]
+        if len(entries) != len(hist):
+            hist.clear()
+            hist.update(entries)
+        out: list[Failure] = []
+        for rule in rules:
+            window, need = rule.match.window_s, rule.match.jobs
+            if window is None or need is None:
+                continue
+            mine = [e for _, e in entries if e.event is None or e.event.code in rule.match.codes]
+            for i, e in enumerate(mine):
+                jobs = sorted({x.job_id for x in mine[: i + 1] if e.ts - x.ts <= window})
+                if len(jobs) < need or e.event is None:
+                    continue
+                note = e.event.model_copy(
+                    update={"message": f"XIDs {sorted(rule.match.codes)} under jobs {', '.join(jobs)}"}
+                )
+                out.extend(self._observe(rule, note, e.job, _evidence(e.event)))
+        return out
+
+    def _repeat_history(self, node: str, gkey: int | str) -> dict[str, AppXid]:
+        """A GPU's repeat history; one from an older state file (a list of ``(ts, job id)``) is
+        read into the current form (its entries count their jobs)."""
+        hist = self._app_xids.get((node, gkey))
+        if isinstance(hist, list):
+            hist = {f"state-{i}": AppXid(float(ts), str(j)) for i, (ts, j) in enumerate(hist)}
+            self._app_xids[(node, gkey)] = hist
+        elif hist is None:
+            hist = self._app_xids[(node, gkey)] = {}
+        return hist
 
     def _emit(self, ep: Episode) -> Failure:
         ep.last_emitted = ep.last_seen

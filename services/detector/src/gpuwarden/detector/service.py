@@ -103,7 +103,7 @@ class DetectorService(Service):
         """
         self.durable.check_time(topic, value)
         if isinstance(value, GpuEvent):  # the event lane's raw copy (.lanes)
-            out = self.detector.on_event(as_attributed(value))
+            out = self.detector.on_event(as_attributed(value), raw=True)
         elif isinstance(value, AttributedEvent):
             out = self.detector.on_event(value)
         elif isinstance(value, AttributedSample):
