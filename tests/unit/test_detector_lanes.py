@@ -196,3 +196,22 @@ def test_the_detector_s_own_stale_job_never_makes_a_repeat_offender() -> None:
     fails = out.of("failures") + svc.detector.flush()
     assert [f for f in fails if f.pattern == "xid-application-fault" and f.first_seen == 165.0]
     assert not [f for f in fails if f.pattern == "repeat-offender-gpu"]
+
+
+def test_an_xid_storm_under_one_job_keeps_the_other_job_in_the_bounded_repeat_history() -> None:
+    """One application XID under job A, then a storm of 600 under job B on the same GPU: one
+    repeat offender opened at B's first XID that every later XID folds into, and a history
+    bounded at MAX_APP_XIDS that still holds A (the oldest of the job with the most go first)."""
+    from gpuwarden.detector import Detector, load_catalog
+    from gpuwarden.detector.episodes import MAX_APP_XIDS
+
+    d = Detector(load_catalog())
+    out = d.on_event(AttributedEvent(event=_app_xid(100.0, 13), job=_A))
+    for i in range(600):
+        out += d.on_event(AttributedEvent(event=_app_xid(200.0 + i, 31), job=_B))
+    out += d.flush()
+    rep = [f for f in out if f.pattern == "repeat-offender-gpu"]
+    assert {(f.first_seen, f.job_id) for f in rep} == {(200.0, "3002")}
+    assert rep[-1].occurrences == 600
+    hist = d._app_xids[("gpu-node-001", 1)]
+    assert len(hist) == MAX_APP_XIDS and "3001" in {e.job_id for e in hist.values()}

@@ -33,8 +33,9 @@ __all__ = ["MAX_APP_XIDS", "MAX_EVIDENCE", "AppXid", "Episode", "EventEpisodes",
 
 #: evidence entries kept per failure
 MAX_EVIDENCE = 20
-#: application XIDs kept per GPU for the repeat rules (the newest): an XID storm cannot grow it
-#: further (~1 KB each, the event's raw line capped at 500 characters)
+#: application XIDs kept per GPU for the repeat rules: past it, the oldest XID of the job with the
+#: most goes, so a storm under one job cannot push the other jobs out (~1 KB each, the event's raw
+#: line capped at 500 characters)
 MAX_APP_XIDS = 256
 
 
@@ -311,7 +312,13 @@ class EventEpisodes:
         entries = sorted(
             ((k, e) for k, e in hist.items() if newest - e.ts <= keep),
             key=lambda ke: (ke[1].ts, ke[0]),
-        )[-MAX_APP_XIDS:]
+        )
+        while len(entries) > MAX_APP_XIDS:  # the oldest XID of the job with the most goes: jobs stay
+            per: dict[str, int] = {}
+            for _, e in entries:
+                per[e.job_id] = per.get(e.job_id, 0) + 1
+            most = max(per, key=lambda j: (per[j], j))
+            del entries[next(i for i, (_, e) in enumerate(entries) if e.job_id == most)]
         if len(entries) != len(hist):
             hist.clear()
             hist.update(entries)
@@ -320,15 +327,28 @@ class EventEpisodes:
             window, need = rule.match.window_s, rule.match.jobs
             if window is None or need is None:
                 continue
+            ep = self.episodes.get((rule.id, ev.node, gkey))
+            done = set() if ep is None else {ep.first.event_id, *ep.seen}
             mine = [e for _, e in entries if e.event is None or e.event.code in rule.match.codes]
-            for i, e in enumerate(mine):
-                jobs = sorted({x.job_id for x in mine[: i + 1] if e.ts - x.ts <= window})
-                if len(jobs) < need or e.event is None:
+            per_job: dict[str, int] = {}  # jobs of the XIDs in the window ending at e (two pointers)
+            lo = 0
+            for e in mine:
+                per_job[e.job_id] = per_job.get(e.job_id, 0) + 1
+                while e.ts - mine[lo].ts > window:
+                    gone = mine[lo].job_id
+                    per_job[gone] -= 1
+                    if not per_job[gone]:
+                        del per_job[gone]
+                    lo += 1
+                if len(per_job) < need or e.event is None or e.event.event_id in done:
                     continue
-                note = e.event.model_copy(
-                    update={"message": f"XIDs {sorted(rule.match.codes)} under jobs {', '.join(jobs)}"}
-                )
+                if ep is not None and e.ts < ep.first.ts:
+                    continue  # before the open finding: already part of what it reports
+                jobs = ", ".join(sorted(per_job))
+                note = e.event.model_copy(update={"message": f"XIDs {sorted(rule.match.codes)} under jobs {jobs}"})
                 out.extend(self._observe(rule, note, e.job, _evidence(e.event)))
+                ep = self.episodes.get((rule.id, ev.node, gkey))
+                done = set() if ep is None else {ep.first.event_id, *ep.seen}
         return out
 
     def _repeat_history(self, node: str, gkey: int | str) -> dict[str, AppXid]:
