@@ -183,12 +183,11 @@ class EventEpisodes:
                 job = self._node_job(ev.node, ev.ts)
             out = self._observe(rule, ev, job, evidence)
         if not raw:
-            counted = msg.job
-            if counted is None and ev.gpu_index is None and msg.attribution == "known":
-                # a GPU known by its bus id only: the node's one job (the correlator's copy names no
-                # GPU's job, and a job whose GRES has no GPU indices is in this view only)
-                counted = self._node_job(ev.node, ev.ts)
-            out.extend(self._count_repeat(ev, counted))
+            # a GPU known by its bus id only counts under the node's one job, found above (the
+            # correlator's copy names no GPU's job, and a job whose GRES has no GPU indices is in
+            # this view only)
+            bus_only = msg.job is None and ev.gpu_index is None and msg.attribution == "known"
+            out.extend(self._count_repeat(ev, job if bus_only else msg.job))
         return out
 
     def _take_attribution(self, rule: Rule, ev: GpuEvent, job: GpuAttribution) -> list[Failure] | None:
